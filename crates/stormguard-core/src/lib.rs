@@ -1,0 +1,34 @@
+//! Sans-IO retry decisions for [stormguard](https://docs.rs/stormguard).
+//!
+//! Every decision stormguard makes is a pure function of its inputs and an explicit
+//! `now`: how long to wait ([`Backoff`]), what a `Retry-After` or
+//! `grpc-retry-pushback-ms` header asks for ([`retry_after`]), whether an outcome is
+//! worth another attempt ([`classify`]), whether the client may still afford a retry
+//! ([`RetryBudget`]) and whether the dependency is taking calls at all
+//! ([`breaker::Breaker`]). Nothing here reads a clock, spawns a task or depends on
+//! tokio or tower, so the same rules serve the Tower middleware, a queue consumer
+//! that lets its broker hold the backoff, and a simulator running on virtual time.
+//!
+//! ```
+//! use std::time::Duration;
+//! use stormguard_core::{Backoff, Jitter};
+//!
+//! let backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(10), Jitter::Full)?;
+//! for (retry, delay) in backoff.schedule_seeded(7).take(3).enumerate() {
+//!     assert!(delay < backoff.ceiling(retry as u32));
+//! }
+//! # Ok::<(), stormguard_core::ConfigError>(())
+//! ```
+
+pub mod backoff;
+pub mod breaker;
+pub mod budget;
+pub mod classify;
+mod error;
+pub mod retry_after;
+
+pub use backoff::{Backoff, Jitter, Schedule};
+pub use breaker::{Breaker, BreakerConfig, CircuitState};
+pub use budget::RetryBudget;
+pub use classify::Class;
+pub use error::ConfigError;

@@ -1,0 +1,1 @@
+//! stormguard: Tower middleware that retries without making things worse.
