@@ -1,1 +1,522 @@
-//! TODO
+//! A retry budget shared by every request of a client.
+//!
+//! A per-request attempt limit alone still lets a broad outage triple the traffic a
+//! dependency sees, because every request is entitled to its three attempts; across
+//! three layers of services that is 3³ = 27 (or 4³ = 64) requests at the bottom for one
+//! user action. A budget bounds the total instead: retries may not exceed a fraction
+//! (`ratio`, 10% by default) of the client's original requests over a rolling window,
+//! plus a small floor (`min_per_sec`) so that a quiet client can still retry at all.
+//! When nearly everything is failing the budget is already spent, and the client
+//! degrades to one attempt per request.
+//!
+//! # How it is kept
+//!
+//! Each original request [`deposit`](RetryBudget::deposit)s `ratio` of a retry; each
+//! retry [`try_withdraw`](RetryBudget::try_withdraw)s one whole retry if the balance
+//! allows. The balance is computed in fixed point (1/10,000 of a retry), so a ratio of
+//! 0.6 grants exactly 60% and not the 100% that `1 / ratio` truncated to an integer
+//! would give.
+//!
+//! Time is cut into ten buckets per window. Deposits are counted in a ring of ten
+//! buckets and withdrawals in a ring of eleven, each bucket one `AtomicU64` holding its
+//! epoch (24 bits) and a saturating count (40 bits). A deposit pays for retries until its
+//! bucket leaves the window (between 9/10 of the window and the whole window after it
+//! was made); a withdrawal is charged for at least the whole window. So at every grant,
+//! the retries granted in the window ending then, this one included, are at most
+//! `ratio` times the original requests in that window plus `min_per_sec * window`.
+//!
+//! The state is 22 atomics whatever the request rate ([`RetryBudget::STATE_BYTES`] in
+//! all), no lock is taken, and an operation after a year idle reads the same buckets as
+//! one after a second: stale buckets are recognised by their epoch, never swept. A
+//! deposit is one compare-and-swap. A withdrawal reads the window and then
+//! compare-and-swaps the current bucket, so concurrent withdrawals cannot spend the same
+//! retry; the one exception is two threads racing across a bucket boundary, which can
+//! overshoot by one retry.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::ConfigError;
+
+/// Fixed-point units in one retry.
+const UNIT: i64 = 10_000;
+/// Buckets a deposit is counted in.
+const DEPOSIT_BUCKETS: u64 = 10;
+/// Buckets a withdrawal is charged in: one more, so that it is charged for a whole window.
+const WITHDRAWAL_BUCKETS: u64 = DEPOSIT_BUCKETS + 1;
+const COUNT_BITS: u32 = 40;
+const COUNT_MAX: u64 = (1 << COUNT_BITS) - 1;
+const STAMP_MASK: u64 = (1 << (64 - COUNT_BITS)) - 1;
+
+/// A retry budget: retries may not exceed `ratio` of original requests over a
+/// rolling `window`, plus `min_per_sec` retries per second.
+///
+/// Defaults: ratio 0.1, window 10 s, min_per_sec 1.
+///
+/// # Clone
+///
+/// Clones share one state (an `Arc`): give every client of one dependency a clone of
+/// the same budget, and keep separate budgets for separate dependencies.
+///
+/// ```
+/// use std::time::{Duration, Instant};
+/// use stormguard_core::RetryBudget;
+///
+/// let budget = RetryBudget::builder().ratio(0.1).min_per_sec(0).build()?;
+/// let now = Instant::now();
+/// for _ in 0..100 {
+///     budget.deposit(now);
+/// }
+/// let granted = (0..100).filter(|_| budget.try_withdraw(now)).count();
+/// assert_eq!(granted, 10);
+///
+/// // Eleven seconds later those deposits have left the window.
+/// assert!(!budget.try_withdraw(now + Duration::from_secs(11)));
+/// # Ok::<(), stormguard_core::ConfigError>(())
+/// ```
+#[derive(Clone)]
+pub struct RetryBudget {
+    state: Arc<State>,
+}
+
+struct State {
+    origin: Instant,
+    bucket_nanos: u64,
+    deposit_units: i64,
+    reserve_units: i64,
+    ratio: f64,
+    window: Duration,
+    min_per_sec: u32,
+    /// The newest epoch any operation has seen: time never runs backwards here.
+    clock: AtomicU64,
+    deposits: Ring<{ DEPOSIT_BUCKETS as usize }>,
+    withdrawals: Ring<{ WITHDRAWAL_BUCKETS as usize }>,
+}
+
+/// Counts per epoch: each bucket packs its epoch (low 24 bits) and a count.
+struct Ring<const N: usize>([AtomicU64; N]);
+
+impl<const N: usize> Ring<N> {
+    fn bucket(&self, epoch: u64) -> &AtomicU64 {
+        &self.0[(epoch % N as u64) as usize]
+    }
+
+    /// The sum of the buckets of the window ending at `epoch`.
+    fn sum(&self, epoch: u64) -> u64 {
+        (0..(N as u64).min(epoch + 1))
+            .map(|back| {
+                let e = epoch - back;
+                count(self.bucket(e).load(Ordering::Acquire), e).unwrap_or(0)
+            })
+            .sum()
+    }
+}
+
+impl RetryBudget {
+    /// The size of one budget's shared state in bytes, whatever the request rate.
+    pub const STATE_BYTES: usize = std::mem::size_of::<State>();
+
+    /// A builder with the defaults: ratio 0.1, window 10 s, min_per_sec 1.
+    pub fn builder() -> RetryBudgetBuilder {
+        RetryBudgetBuilder::default()
+    }
+
+    /// Records an original request (not a retry) made at `now`.
+    pub fn deposit(&self, now: Instant) {
+        let state = &*self.state;
+        let epoch = state.advance(now);
+        let bucket = state.deposits.bucket(epoch);
+        let mut word = bucket.load(Ordering::Relaxed);
+        loop {
+            let count = count(word, epoch).unwrap_or(0);
+            let next = pack(epoch, count + 1);
+            match bucket.compare_exchange_weak(word, next, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => return,
+                Err(actual) => word = actual,
+            }
+        }
+    }
+
+    /// Takes one retry from the budget at `now`, if it holds one. `false` means the
+    /// client has retried as much as it may: fail the request instead.
+    pub fn try_withdraw(&self, now: Instant) -> bool {
+        let state = &*self.state;
+        let epoch = state.advance(now);
+        let bucket = state.withdrawals.bucket(epoch);
+        loop {
+            let word = bucket.load(Ordering::Acquire);
+            if state.balance(epoch) < UNIT {
+                return false;
+            }
+            let count = count(word, epoch).unwrap_or(0);
+            if count >= COUNT_MAX {
+                return false;
+            }
+            let next = pack(epoch, count + 1);
+            if bucket
+                .compare_exchange(word, next, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+            {
+                return true;
+            }
+        }
+    }
+
+    /// How many whole retries the budget would grant at `now`.
+    pub fn available(&self, now: Instant) -> u64 {
+        let epoch = self.state.advance(now);
+        u64::try_from(self.state.balance(epoch) / UNIT).unwrap_or(0)
+    }
+
+    /// The fraction of original requests that may be retried.
+    pub fn ratio(&self) -> f64 {
+        self.state.ratio
+    }
+
+    /// The rolling window over which deposits pay for retries.
+    pub fn window(&self) -> Duration {
+        self.state.window
+    }
+
+    /// Retries per second granted even without deposits.
+    pub fn min_per_sec(&self) -> u32 {
+        self.state.min_per_sec
+    }
+}
+
+impl Default for RetryBudget {
+    fn default() -> Self {
+        RetryBudgetBuilder::default().make()
+    }
+}
+
+impl fmt::Debug for RetryBudget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RetryBudget")
+            .field("ratio", &self.state.ratio)
+            .field("window", &self.state.window)
+            .field("min_per_sec", &self.state.min_per_sec)
+            .finish_non_exhaustive()
+    }
+}
+
+impl State {
+    /// The epoch for `now`, or the newest one already seen if `now` is older.
+    fn advance(&self, now: Instant) -> u64 {
+        let nanos = now.saturating_duration_since(self.origin).as_nanos();
+        let epoch = u64::try_from(nanos / u128::from(self.bucket_nanos)).unwrap_or(u64::MAX);
+        self.clock.fetch_max(epoch, Ordering::AcqRel).max(epoch)
+    }
+
+    /// The floor plus the window's deposits, less its withdrawals, in units.
+    fn balance(&self, epoch: u64) -> i64 {
+        let paid = i128::from(self.deposits.sum(epoch)) * i128::from(self.deposit_units);
+        let spent = i128::from(self.withdrawals.sum(epoch)) * i128::from(UNIT);
+        let balance = i128::from(self.reserve_units) + paid - spent;
+        i64::try_from(balance).unwrap_or(if balance > 0 { i64::MAX } else { i64::MIN })
+    }
+}
+
+/// The count held in a bucket `word` if it was written in `epoch`.
+fn count(word: u64, epoch: u64) -> Option<u64> {
+    (word >> COUNT_BITS == epoch & STAMP_MASK).then_some(word & COUNT_MAX)
+}
+
+fn pack(epoch: u64, count: u64) -> u64 {
+    ((epoch & STAMP_MASK) << COUNT_BITS) | count.min(COUNT_MAX)
+}
+
+/// Builds a [`RetryBudget`]; see its docs for the meaning of each setting.
+#[derive(Debug, Clone)]
+pub struct RetryBudgetBuilder {
+    ratio: f64,
+    window: Duration,
+    min_per_sec: u32,
+}
+
+impl Default for RetryBudgetBuilder {
+    fn default() -> Self {
+        RetryBudgetBuilder {
+            ratio: 0.1,
+            window: Duration::from_secs(10),
+            min_per_sec: 1,
+        }
+    }
+}
+
+impl RetryBudgetBuilder {
+    /// Retries allowed per original request, from 0 to 1, kept to four decimal places
+    /// [0.1].
+    pub fn ratio(mut self, ratio: f64) -> Self {
+        self.ratio = ratio;
+        self
+    }
+
+    /// The rolling window over which deposits pay for retries, from 1 ms to 10 years
+    /// [10 s].
+    pub fn window(mut self, window: Duration) -> Self {
+        self.window = window;
+        self
+    }
+
+    /// Retries per second allowed even with no deposits, so that a client making few
+    /// requests can still retry some [1].
+    pub fn min_per_sec(mut self, min_per_sec: u32) -> Self {
+        self.min_per_sec = min_per_sec;
+        self
+    }
+
+    /// Checks the settings and makes the budget.
+    pub fn build(self) -> Result<RetryBudget, ConfigError> {
+        if !(0.0..=1.0).contains(&self.ratio) {
+            return Err(ConfigError::invalid(
+                "budget ratio",
+                self.ratio,
+                "from 0.0 to 1.0",
+            ));
+        }
+        let max_window = Duration::from_secs(10 * 365 * 24 * 3600);
+        if self.window < Duration::from_millis(1) || self.window > max_window {
+            return Err(ConfigError::invalid(
+                "budget window",
+                self.window,
+                "from 1ms to 10 years",
+            ));
+        }
+        Ok(self.make())
+    }
+
+    fn make(self) -> RetryBudget {
+        let reserve = f64::from(self.min_per_sec) * self.window.as_secs_f64() * UNIT as f64;
+        RetryBudget {
+            state: Arc::new(State {
+                origin: Instant::now(),
+                bucket_nanos: (self.window.as_nanos() / u128::from(DEPOSIT_BUCKETS)) as u64,
+                deposit_units: (self.ratio * UNIT as f64).round() as i64,
+                reserve_units: reserve.round().min((1u64 << 60) as f64) as i64,
+                ratio: self.ratio,
+                window: self.window,
+                min_per_sec: self.min_per_sec,
+                clock: AtomicU64::new(0),
+                deposits: Ring(Default::default()),
+                withdrawals: Ring(Default::default()),
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn budget(ratio: f64, window_secs: u64, min_per_sec: u32) -> RetryBudget {
+        RetryBudget::builder()
+            .ratio(ratio)
+            .window(Duration::from_secs(window_secs))
+            .min_per_sec(min_per_sec)
+            .build()
+            .expect("valid budget")
+    }
+
+    fn withdraw_all(b: &RetryBudget, now: Instant) -> u64 {
+        let mut n = 0;
+        while b.try_withdraw(now) {
+            n += 1;
+        }
+        n
+    }
+
+    #[test]
+    fn exact_ratio_at_one_instant() {
+        for (ratio, expected) in [(0.1, 10_000), (0.6, 60_000), (1.0, 100_000), (0.0, 0)] {
+            let b = budget(ratio, 10, 0);
+            let now = b.state.origin;
+            for _ in 0..100_000 {
+                b.deposit(now);
+            }
+            assert_eq!(b.available(now), expected, "ratio {ratio}");
+            assert_eq!(withdraw_all(&b, now), expected, "ratio {ratio}");
+        }
+    }
+
+    #[test]
+    fn deposits_older_than_the_window_no_longer_pay() {
+        let b = budget(0.1, 10, 0);
+        let t0 = b.state.origin;
+        for _ in 0..100 {
+            b.deposit(t0);
+        }
+        assert_eq!(b.available(t0 + Duration::from_millis(9_999)), 10);
+        assert_eq!(b.available(t0 + Duration::from_secs(10)), 0);
+        assert!(!b.try_withdraw(t0 + Duration::from_secs(10)));
+    }
+
+    #[test]
+    fn withdrawals_expire_with_the_window_too() {
+        let b = budget(0.5, 10, 0);
+        let t0 = b.state.origin;
+        for _ in 0..4 {
+            b.deposit(t0);
+        }
+        assert_eq!(withdraw_all(&b, t0), 2);
+        let later = t0 + Duration::from_secs(5);
+        for _ in 0..4 {
+            b.deposit(later);
+        }
+        // The first two retries used the first four deposits; the next four pay for two.
+        assert_eq!(withdraw_all(&b, later), 2);
+        // Once the first bucket leaves, only its own deposits and retries leave with it.
+        assert_eq!(b.available(t0 + Duration::from_secs(12)), 0);
+    }
+
+    #[test]
+    fn floor_lets_a_quiet_client_retry() {
+        let b = RetryBudget::default();
+        let now = b.state.origin;
+        assert_eq!(withdraw_all(&b, now), 10, "1/s over 10 s");
+        assert_eq!(withdraw_all(&b, now + Duration::from_secs(5)), 0);
+        // Retries are charged for a whole window (rounded up to a bucket).
+        assert_eq!(withdraw_all(&b, now + Duration::from_secs(10)), 0);
+        assert_eq!(withdraw_all(&b, now + Duration::from_secs(11)), 10);
+    }
+
+    #[test]
+    fn a_year_idle_costs_nothing_special() {
+        let b = budget(0.1, 10, 0);
+        let t0 = b.state.origin;
+        for _ in 0..100 {
+            b.deposit(t0);
+        }
+        let later = t0 + Duration::from_secs(365 * 24 * 3600);
+        assert_eq!(b.available(later), 0);
+        for _ in 0..20 {
+            b.deposit(later);
+        }
+        assert_eq!(withdraw_all(&b, later), 2);
+    }
+
+    #[test]
+    fn time_never_runs_backwards() {
+        let b = budget(1.0, 10, 0);
+        let t0 = b.state.origin;
+        b.deposit(t0 + Duration::from_secs(30));
+        // An operation stamped earlier than one already seen counts as now.
+        b.deposit(t0);
+        assert_eq!(b.available(t0 + Duration::from_secs(30)), 2);
+    }
+
+    #[test]
+    fn state_is_constant_and_small() {
+        assert_eq!(RetryBudget::STATE_BYTES, std::mem::size_of::<State>());
+        // 22 atomics (two rings and the clock) and the configuration, on 64-bit Linux.
+        #[cfg(all(target_pointer_width = "64", target_os = "linux"))]
+        assert_eq!(RetryBudget::STATE_BYTES, 248);
+    }
+
+    #[test]
+    fn rejects_bad_configuration() {
+        for ratio in [-0.1, 1.01, f64::NAN, f64::INFINITY] {
+            let err = RetryBudget::builder().ratio(ratio).build().unwrap_err();
+            assert_eq!(err.field(), "budget ratio");
+        }
+        let err = RetryBudget::builder()
+            .window(Duration::ZERO)
+            .build()
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid budget window: 0ns (allowed: from 1ms to 10 years)"
+        );
+        assert!(RetryBudget::builder()
+            .window(Duration::MAX)
+            .build()
+            .is_err());
+    }
+
+    #[test]
+    fn clones_share_one_state_across_threads() {
+        let b = budget(0.1, 10, 0);
+        let now = b.state.origin;
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                let b = b.clone();
+                s.spawn(move || (0..25_000).for_each(|_| b.deposit(now)));
+            }
+        });
+        let granted: u64 = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..4)
+                .map(|_| {
+                    let b = b.clone();
+                    s.spawn(move || withdraw_all(&b, now))
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap_or(0)).sum()
+        });
+        assert_eq!(granted, 10_000);
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Deposit,
+        Withdraw,
+        Advance(u64),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            6 => Just(Op::Deposit),
+            6 => Just(Op::Withdraw),
+            // From a millisecond to a few years, in nanoseconds.
+            2 => (1_000_000u64..2_000_000_000).prop_map(Op::Advance),
+            1 => (1u64..100_000_000_000_000_000).prop_map(Op::Advance),
+        ]
+    }
+
+    proptest! {
+        /// Over any window that ends at a granted retry, the retries granted in it never
+        /// exceed ratio x the deposits made in it plus the floor.
+        #[test]
+        fn granted_never_exceed_the_bound(
+            ratio_ten_thousandths in 0u32..=10_000,
+            min_per_sec in 0u32..3,
+            ops in proptest::collection::vec(op(), 1..400),
+        ) {
+            let ratio = f64::from(ratio_ten_thousandths) / 10_000.0;
+            let window = Duration::from_secs(10);
+            let b = RetryBudget::builder().ratio(ratio).window(window).min_per_sec(min_per_sec).build().expect("valid");
+            let mut now = b.state.origin;
+            let (mut deposits, mut grants) = (Vec::new(), Vec::new());
+            for op in ops {
+                match op {
+                    Op::Deposit => { b.deposit(now); deposits.push(now); }
+                    Op::Withdraw => if b.try_withdraw(now) {
+                        grants.push(now);
+                        let from = now.checked_sub(window).unwrap_or(b.state.origin);
+                        let granted = grants.iter().filter(|t| **t > from).count() as f64;
+                        let paid = deposits.iter().filter(|t| **t > from).count() as f64;
+                        let floor = f64::from(min_per_sec) * window.as_secs_f64();
+                        prop_assert!(granted <= ratio * paid + floor + 1e-9,
+                            "{granted} granted, {paid} deposits, floor {floor}");
+                    },
+                    Op::Advance(nanos) => now += Duration::from_nanos(nanos),
+                }
+            }
+        }
+
+        /// A single-threaded budget grants exactly what the bucketed window holds.
+        #[test]
+        fn grants_exactly_what_the_window_holds(
+            ratio_ten_thousandths in 0u32..=10_000,
+            deposits in 0u32..5_000,
+        ) {
+            let b = budget(f64::from(ratio_ten_thousandths) / 10_000.0, 10, 0);
+            let now = b.state.origin;
+            for _ in 0..deposits { b.deposit(now); }
+            let expected = u64::from(deposits) * u64::from(ratio_ten_thousandths) / 10_000;
+            prop_assert_eq!(withdraw_all(&b, now), expected);
+        }
+    }
+}

@@ -9,7 +9,7 @@ use std::fmt;
 /// given and what is allowed, so the message can be shown to whoever wrote the
 /// configuration as it is.
 ///
-/// ```ignore
+/// ```
 /// use std::time::Duration;
 /// use stormguard_core::{Backoff, Jitter};
 ///
@@ -18,7 +18,7 @@ use std::fmt;
 ///     err.to_string(),
 ///     "invalid backoff cap: 1s (allowed: at least the base, 5s)"
 /// );
-/// ```ignore
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ConfigError {

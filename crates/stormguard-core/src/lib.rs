@@ -9,7 +9,7 @@
 //! tokio or tower, so the same rules serve the Tower middleware, a queue consumer
 //! that lets its broker hold the backoff, and a simulator running on virtual time.
 //!
-//! ```ignore
+//! ```
 //! use std::time::Duration;
 //! use stormguard_core::{Backoff, Jitter};
 //!
@@ -20,9 +20,13 @@
 //! # Ok::<(), stormguard_core::ConfigError>(())
 //! ```
 
+pub mod backoff;
+pub mod budget;
 pub mod classify;
 mod error;
 pub mod retry_after;
 
+pub use backoff::{Backoff, Jitter, Schedule};
+pub use budget::{RetryBudget, RetryBudgetBuilder};
 pub use classify::Class;
 pub use error::ConfigError;
