@@ -1,1 +1,19 @@
-//! stormguard: Tower middleware that retries without making things worse.
+#![doc = include_str!("../README.md")]
+
+pub mod body;
+pub mod breaker;
+mod classify;
+pub mod retry;
+
+pub use body::ReplayBody;
+pub use breaker::CircuitOpen;
+pub use retry::{
+    Attempts, GiveUp, Idempotent, NoRetry, RetryLayer, RetryPolicy, RetryPolicyBuilder, RetryStats,
+};
+pub use stormguard_core::{
+    backoff, budget, retry_after, Backoff, Class, ConfigError, Jitter, RetryBudget,
+    RetryBudgetBuilder,
+};
+
+/// The error type of the services stormguard's layers make: any error, boxed.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

@@ -1,0 +1,199 @@
+//! Turning an inner service's error into what it means for a retry.
+//!
+//! Tower services report failures as values of their own error type, usually a
+//! [`BoxError`](crate::BoxError) whose [`source()`](std::error::Error::source) chain
+//! holds the real cause. The chain is walked and the deepest cause stormguard
+//! recognises decides:
+//!
+//! | cause | meaning |
+//! |---|---|
+//! | hyper-util connect error, `io::ErrorKind::ConnectionRefused`, h2 `REFUSED_STREAM`, h2 GOAWAY from the server | the request never reached the application: safe to retry for any method |
+//! | `tower::timeout::error::Elapsed`, connection reset or aborted, broken pipe, `io::ErrorKind::TimedOut`, hyper's closed, canceled, incomplete or timed-out connections, other h2 stream resets | the request may have been processed: retry idempotent requests only |
+//! | [`CircuitOpen`](crate::CircuitOpen) | a breaker failed fast: never retried |
+//! | anything else | not known to be transient: not retried |
+
+use std::any::Any;
+use std::error::Error;
+use std::io;
+
+use crate::BoxError;
+
+/// What a failed call tells the retry layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ErrorClass {
+    /// The request provably never reached the application.
+    NotSent,
+    /// A transient failure after which the request may have been processed.
+    MaybeProcessed,
+    /// A circuit breaker refused the call.
+    CircuitOpen,
+    /// Nothing recognised: not retried.
+    Unknown,
+}
+
+/// Classifies an error of any type, looking inside the types services commonly return.
+pub(crate) fn classify_error<E: 'static>(err: &E) -> ErrorClass {
+    match as_std_error(err) {
+        Some(err) => classify_chain(err),
+        None => ErrorClass::Unknown,
+    }
+}
+
+fn as_std_error<E: 'static>(err: &E) -> Option<&(dyn Error + 'static)> {
+    let any = err as &dyn Any;
+    if let Some(boxed) = any.downcast_ref::<BoxError>() {
+        return Some(&**boxed);
+    }
+    if let Some(boxed) = any.downcast_ref::<Box<dyn Error + Send>>() {
+        return Some(&**boxed);
+    }
+    if let Some(boxed) = any.downcast_ref::<Box<dyn Error>>() {
+        return Some(&**boxed);
+    }
+    macro_rules! concrete {
+        ($($ty:ty),*) => {$(
+            if let Some(err) = any.downcast_ref::<$ty>() {
+                return Some(err);
+            }
+        )*};
+    }
+    concrete!(
+        hyper_util::client::legacy::Error,
+        hyper::Error,
+        h2::Error,
+        io::Error,
+        tower::timeout::error::Elapsed,
+        crate::CircuitOpen
+    );
+    None
+}
+
+/// Walks `err` and its sources; the deepest recognised cause wins.
+pub(crate) fn classify_chain(err: &(dyn Error + 'static)) -> ErrorClass {
+    let mut class = ErrorClass::Unknown;
+    let mut next = Some(err);
+    while let Some(err) = next {
+        if let Some(found) = classify_one(err) {
+            if matches!(found, ErrorClass::CircuitOpen | ErrorClass::NotSent) {
+                return found;
+            }
+            class = found;
+        }
+        next = err.source();
+    }
+    class
+}
+
+fn classify_one(err: &(dyn Error + 'static)) -> Option<ErrorClass> {
+    if err.is::<crate::CircuitOpen>() {
+        return Some(ErrorClass::CircuitOpen);
+    }
+    if err.is::<tower::timeout::error::Elapsed>() {
+        return Some(ErrorClass::MaybeProcessed);
+    }
+    if let Some(err) = err.downcast_ref::<hyper_util::client::legacy::Error>() {
+        return err.is_connect().then_some(ErrorClass::NotSent);
+    }
+    if let Some(err) = err.downcast_ref::<h2::Error>() {
+        let refused = err.reason() == Some(h2::Reason::REFUSED_STREAM);
+        return Some(if (refused || err.is_go_away()) && err.is_remote() {
+            ErrorClass::NotSent
+        } else if err.is_reset() || err.is_go_away() || err.is_io() {
+            ErrorClass::MaybeProcessed
+        } else {
+            ErrorClass::Unknown
+        });
+    }
+    if let Some(err) = err.downcast_ref::<hyper::Error>() {
+        let transient = err.is_timeout()
+            || err.is_closed()
+            || err.is_canceled()
+            || err.is_incomplete_message()
+            || err.is_body_write_aborted();
+        return transient.then_some(ErrorClass::MaybeProcessed);
+    }
+    if let Some(err) = err.downcast_ref::<io::Error>() {
+        return match err.kind() {
+            io::ErrorKind::ConnectionRefused => Some(ErrorClass::NotSent),
+            io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::BrokenPipe
+            | io::ErrorKind::TimedOut
+            | io::ErrorKind::UnexpectedEof => Some(ErrorClass::MaybeProcessed),
+            _ => None,
+        };
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fmt;
+
+    #[derive(Debug)]
+    struct Wrapped(Box<dyn Error + Send + Sync>);
+
+    impl fmt::Display for Wrapped {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("wrapped")
+        }
+    }
+
+    impl Error for Wrapped {
+        fn source(&self) -> Option<&(dyn Error + 'static)> {
+            Some(&*self.0)
+        }
+    }
+
+    fn boxed(err: impl Error + Send + Sync + 'static) -> BoxError {
+        Box::new(Wrapped(Box::new(err)))
+    }
+
+    #[test]
+    fn io_kinds() {
+        let class = |kind| classify_error(&boxed(io::Error::from(kind)));
+        assert_eq!(class(io::ErrorKind::ConnectionRefused), ErrorClass::NotSent);
+        for kind in [
+            io::ErrorKind::ConnectionReset,
+            io::ErrorKind::ConnectionAborted,
+            io::ErrorKind::BrokenPipe,
+            io::ErrorKind::TimedOut,
+        ] {
+            assert_eq!(class(kind), ErrorClass::MaybeProcessed, "{kind:?}");
+        }
+        assert_eq!(class(io::ErrorKind::InvalidInput), ErrorClass::Unknown);
+        assert_eq!(
+            classify_error(&io::Error::from(io::ErrorKind::ConnectionRefused)),
+            ErrorClass::NotSent
+        );
+    }
+
+    #[test]
+    fn h2_reasons() {
+        let refused = h2::Error::from(h2::Reason::REFUSED_STREAM);
+        // Made locally (not from the peer): not proof the server never saw it.
+        assert_eq!(classify_error(&boxed(refused)), ErrorClass::Unknown);
+    }
+
+    #[test]
+    fn timeouts_and_breakers() {
+        let elapsed: BoxError = Box::new(tower::timeout::error::Elapsed::new());
+        assert_eq!(classify_error(&elapsed), ErrorClass::MaybeProcessed);
+        let open: BoxError = Box::new(crate::CircuitOpen::new(std::time::Duration::from_secs(1)));
+        assert_eq!(
+            classify_error(&boxed_circuit(open)),
+            ErrorClass::CircuitOpen
+        );
+    }
+
+    fn boxed_circuit(err: BoxError) -> BoxError {
+        Box::new(Wrapped(err))
+    }
+
+    #[test]
+    fn unknown_types_are_not_retried() {
+        assert_eq!(classify_error(&"text"), ErrorClass::Unknown);
+        assert_eq!(classify_error(&boxed(fmt::Error)), ErrorClass::Unknown);
+    }
+}

@@ -1,0 +1,151 @@
+use std::fmt;
+use std::marker::PhantomData;
+use std::task::{Context, Poll};
+
+use http::Request;
+use tower::retry::Retry;
+use tower_layer::Layer;
+use tower_service::Service;
+
+use super::RetryPolicy;
+use crate::body::ReplayBody;
+
+/// Marker for a [`RetryLayer`] that clones request bodies (they must be `Clone`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CloneBodies;
+
+/// Marker for a [`RetryLayer`] that wraps request bodies in [`ReplayBody`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ReplayBodies;
+
+/// Retries requests by a [`RetryPolicy`]: `.layer(RetryLayer::new(policy))`.
+///
+/// Put it outermost in a client stack, so that there is one retry point: above the
+/// circuit breaker (whose fail-fast errors it never retries) and above the per-attempt
+/// timeout (so a stalled attempt becomes a retry).
+///
+/// `RetryLayer::new` makes [`tower::retry::Retry`] services, which clone each request
+/// body: right for `String`, `Full<Bytes>`, `Empty` and other `Clone` bodies, at no
+/// buffering cost. For streaming bodies (tonic's, hyper's `Incoming`) use
+/// [`replay_bodies`](RetryLayer::replay_bodies): the inner service then receives
+/// `Request<ReplayBody<B>>`.
+///
+/// ```
+/// use std::time::Duration;
+/// use bytes::Bytes;
+/// use http_body_util::Full;
+/// use stormguard::{RetryLayer, RetryPolicy};
+/// use tower::{service_fn, ServiceBuilder, ServiceExt};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), tower::BoxError> {
+/// let upstream = service_fn(|_req: http::Request<Full<Bytes>>| async {
+///     Ok::<_, tower::BoxError>(http::Response::new(String::from("hello")))
+/// });
+/// let client = ServiceBuilder::new()
+///     .layer(RetryLayer::new(RetryPolicy::default()))
+///     .timeout(Duration::from_secs(2))
+///     .service(upstream);
+/// let response = client.oneshot(http::Request::new(Full::from("hi"))).await?;
+/// assert_eq!(response.into_body(), "hello");
+/// # Ok(())
+/// # }
+/// ```
+pub struct RetryLayer<M = CloneBodies> {
+    policy: RetryPolicy,
+    _mode: PhantomData<fn() -> M>,
+}
+
+impl RetryLayer {
+    /// A layer retrying by `policy`, cloning request bodies.
+    pub const fn new(policy: RetryPolicy) -> Self {
+        RetryLayer {
+            policy,
+            _mode: PhantomData,
+        }
+    }
+
+    /// The same layer, wrapping every request body in a [`ReplayBody`] capped at the
+    /// policy's `max_replay_bytes`, so that streaming bodies can be retried.
+    ///
+    /// With tonic, whose `Channel` takes `tonic::body::Body`, add one line below it:
+    /// `.map_request(|r: http::Request<ReplayBody<Body>>| r.map(Body::new))`.
+    pub fn replay_bodies(self) -> RetryLayer<ReplayBodies> {
+        RetryLayer {
+            policy: self.policy,
+            _mode: PhantomData,
+        }
+    }
+}
+
+impl<M> RetryLayer<M> {
+    /// The policy the layer's services retry by.
+    pub fn policy(&self) -> &RetryPolicy {
+        &self.policy
+    }
+}
+
+impl<M> Clone for RetryLayer<M> {
+    fn clone(&self) -> Self {
+        RetryLayer {
+            policy: self.policy.clone(),
+            _mode: PhantomData,
+        }
+    }
+}
+
+impl<M> fmt::Debug for RetryLayer<M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RetryLayer")
+            .field("policy", &self.policy)
+            .field("mode", &std::any::type_name::<M>())
+            .finish()
+    }
+}
+
+impl<S> Layer<S> for RetryLayer<CloneBodies> {
+    type Service = Retry<RetryPolicy, S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Retry::new(self.policy.clone(), inner)
+    }
+}
+
+impl<S> Layer<S> for RetryLayer<ReplayBodies> {
+    type Service = ReplayRetry<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        ReplayRetry {
+            max_bytes: self.policy.max_replay_bytes(),
+            retry: Retry::new(self.policy.clone(), inner),
+        }
+    }
+}
+
+/// A retrying service that makes request bodies replayable first; made by
+/// [`RetryLayer::replay_bodies`].
+#[derive(Clone, Debug)]
+pub struct ReplayRetry<S> {
+    max_bytes: usize,
+    retry: Retry<RetryPolicy, S>,
+}
+
+impl<S, B> Service<Request<B>> for ReplayRetry<S>
+where
+    Retry<RetryPolicy, S>: Service<Request<ReplayBody<B>>>,
+{
+    type Response = <Retry<RetryPolicy, S> as Service<Request<ReplayBody<B>>>>::Response;
+    type Error = <Retry<RetryPolicy, S> as Service<Request<ReplayBody<B>>>>::Error;
+    type Future = <Retry<RetryPolicy, S> as Service<Request<ReplayBody<B>>>>::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.retry.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let (mut parts, body) = req.into_parts();
+        let body = ReplayBody::new(body, self.max_bytes);
+        parts.extensions.insert(body.handle());
+        self.retry.call(Request::from_parts(parts, body))
+    }
+}

@@ -1,0 +1,593 @@
+//! The retry middleware: [`RetryLayer`] and its [`RetryPolicy`].
+//!
+//! One failed attempt is retried only when all of these hold, checked in this order:
+//!
+//! 1. the outcome is transient ([`classify`](stormguard_core::classify)): a 408, 429,
+//!    500, 502, 503 or 504, gRPC UNAVAILABLE, a timeout or a connection failure;
+//! 2. sending the request again is safe: the method is idempotent, the request has an
+//!    `Idempotency-Key`, the call is gRPC with a retryable code, or the failure proves
+//!    the server never saw the request (connection refused, h2 `REFUSED_STREAM`,
+//!    GOAWAY);
+//! 3. attempts are left ([3] including the first; gRPC calls at most 5, gRFC A6);
+//! 4. the body can be sent again (see [`ReplayBody`](crate::ReplayBody));
+//! 5. the server's `Retry-After` or `grpc-retry-pushback-ms` is not longer than
+//!    `max_retry_after` [the backoff cap];
+//! 6. the shared [`RetryBudget`] grants a retry.
+//!
+//! The wait is the request's own jittered [`Backoff`] delay, or the server's hint when
+//! that is longer (plus up to 10% upward jitter, so clients told "30" do not all come
+//! back in the same millisecond); gRPC pushback is honoured exactly. The wait runs on
+//! tokio's clock, so `tokio::time::pause()` makes tests exact.
+//!
+//! Every give-up is reported with its reason (a `tracing` event on target
+//! `stormguard::retry` and a [`RetryStats`] counter), and every final response carries
+//! an [`Attempts`] extension.
+//!
+//! # Per-request control
+//!
+//! Insert [`NoRetry`] in a request's extensions to send it once whatever happens, or
+//! [`Idempotent`] to declare a POST safe to repeat without an `Idempotency-Key`.
+//!
+//! # What happens to a retried attempt's response
+//!
+//! The failed response is dropped before the next attempt. With hyper an unread
+//! HTTP/1.1 body means its connection cannot carry another request, so hyper closes it
+//! rather than returning it to the pool; over HTTP/2 only that stream is reset and the
+//! connection stays. Nothing leaks either way.
+
+mod layer;
+
+pub use layer::{CloneBodies, ReplayBodies, ReplayRetry, RetryLayer};
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use http::{HeaderValue, Request, Response};
+use rand::rngs::SmallRng;
+use rand::{RngExt, SeedableRng};
+use stormguard_core::classify::{grpc_status, is_idempotent, Rules, StatusSet};
+use stormguard_core::{Backoff, Class, ConfigError, RetryBudget, Schedule};
+use tokio::time::Sleep;
+
+use crate::body::{ReplayHandle, DEFAULT_MAX_REPLAY_BYTES};
+use crate::classify::{classify_error, ErrorClass};
+
+/// gRFC A6 caps any gRPC retry policy at five attempts.
+const GRPC_MAX_ATTEMPTS: u32 = 5;
+
+/// Request extension: never retry this request.
+///
+/// ```
+/// let mut request = http::Request::new(());
+/// request.extensions_mut().insert(stormguard::NoRetry);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct NoRetry;
+
+/// Request extension: this request is safe to send more than once, whatever its method.
+///
+/// ```
+/// let mut request = http::Request::post("/charge").body(()).unwrap();
+/// request.extensions_mut().insert(stormguard::Idempotent);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Idempotent;
+
+/// Response extension: how many attempts the request took, the first included.
+///
+/// It is added to every response that took more than one attempt; a response from the
+/// first attempt carries none, so that the success path allocates nothing.
+/// [`Attempts::of`] reads it either way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Attempts(pub u32);
+
+impl Attempts {
+    /// The attempts `response` took: its extension, or 1 when it has none.
+    pub fn of<B>(response: &Response<B>) -> u32 {
+        response.extensions().get::<Attempts>().map_or(1, |a| a.0)
+    }
+}
+
+/// Why the retry layer stopped and returned what it had.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum GiveUp {
+    /// Every attempt allowed was made.
+    Exhausted,
+    /// The outcome will not change on retry (4xx, an unknown error, a non-retryable
+    /// gRPC code).
+    Permanent,
+    /// The shared retry budget is spent.
+    Budget,
+    /// The request is not idempotent and the failure does not prove it unseen.
+    NotIdempotent,
+    /// The server asked for a longer wait than `max_retry_after`.
+    RetryAfterTooLong,
+    /// The body went over the replay cap, or was not completely sent.
+    BodyNotReplayable,
+    /// The gRPC server said not to retry (negative or unparseable pushback).
+    Pushback,
+    /// A circuit breaker is open.
+    CircuitOpen,
+    /// The request carried [`NoRetry`].
+    Disabled,
+}
+
+impl GiveUp {
+    /// A short name for logs and metrics labels.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            GiveUp::Exhausted => "exhausted",
+            GiveUp::Permanent => "permanent",
+            GiveUp::Budget => "budget",
+            GiveUp::NotIdempotent => "not idempotent",
+            GiveUp::RetryAfterTooLong => "retry-after too long",
+            GiveUp::BodyNotReplayable => "body not replayable",
+            GiveUp::Pushback => "pushback",
+            GiveUp::CircuitOpen => "circuit open",
+            GiveUp::Disabled => "disabled",
+        }
+    }
+}
+
+impl fmt::Display for GiveUp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Counters of what a [`RetryPolicy`] (and all its clones) did, read with
+/// [`RetryPolicy::stats`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct RetryStats {
+    /// Original requests.
+    pub requests: u64,
+    /// Retries sent.
+    pub retries: u64,
+    /// Requests that failed after every attempt allowed.
+    pub exhausted: u64,
+    /// Retries refused by the budget.
+    pub budget_denied: u64,
+    /// Failures returned at once as permanent.
+    pub permanent: u64,
+    /// Retries not made because the body could not be replayed.
+    pub not_replayable: u64,
+    /// Retries not made because the request was not idempotent.
+    pub not_idempotent: u64,
+    /// Retries not made because the server asked for too long a wait or for none.
+    pub server_refused: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    requests: AtomicU64,
+    retries: AtomicU64,
+    exhausted: AtomicU64,
+    budget_denied: AtomicU64,
+    permanent: AtomicU64,
+    not_replayable: AtomicU64,
+    not_idempotent: AtomicU64,
+    server_refused: AtomicU64,
+}
+
+fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+#[derive(Debug)]
+struct Shared {
+    max_attempts: u32,
+    backoff: Backoff,
+    budget: RetryBudget,
+    rules: Rules,
+    max_retry_after: Duration,
+    max_replay_bytes: usize,
+    seed: Option<u64>,
+    streams: AtomicU64,
+    counters: Counters,
+}
+
+/// The retry decisions for HTTP and gRPC requests, as a [`tower::retry::Policy`].
+///
+/// `RetryPolicy::default()`: 3 attempts, full-jitter backoff from 200 ms to 20 s, a
+/// fresh [`RetryBudget`] (10% over 10 s, 1/s floor), 408/429/500/502/503/504 and gRPC
+/// UNAVAILABLE retried, Retry-After honoured up to 20 s, bodies replayed up to 64 KiB.
+///
+/// # Clone
+///
+/// Tower clones the policy for every request. Clones share the configuration, the
+/// budget and the counters (an `Arc`); each request's attempt count and random stream
+/// are its own.
+///
+/// ```
+/// use std::time::Duration;
+/// use stormguard::{Backoff, Jitter, RetryBudget, RetryPolicy};
+///
+/// let budget = RetryBudget::builder().ratio(0.1).window(Duration::from_secs(10)).build()?;
+/// let policy = RetryPolicy::builder()
+///     .max_attempts(3)
+///     .backoff(Backoff::new(Duration::from_millis(200), Duration::from_secs(20), Jitter::Full)?)
+///     .budget(budget.clone())
+///     .build()?;
+/// assert_eq!(policy.stats().requests, 0);
+/// # Ok::<(), stormguard::ConfigError>(())
+/// ```
+#[derive(Clone)]
+pub struct RetryPolicy {
+    shared: Arc<Shared>,
+    /// Attempts made for this request so far (0 on the layer's own copy).
+    attempts: u32,
+    schedule: Option<Schedule>,
+    rng: Option<SmallRng>,
+}
+
+impl fmt::Debug for RetryPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RetryPolicy")
+            .field("max_attempts", &self.shared.max_attempts)
+            .field("backoff", &self.shared.backoff)
+            .field("budget", &self.shared.budget)
+            .field("rules", &self.shared.rules)
+            .field("max_retry_after", &self.shared.max_retry_after)
+            .field("max_replay_bytes", &self.shared.max_replay_bytes)
+            .field("attempts", &self.attempts)
+            .finish()
+    }
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicyBuilder::default().make()
+    }
+}
+
+impl RetryPolicy {
+    /// A builder starting from the defaults.
+    pub fn builder() -> RetryPolicyBuilder {
+        RetryPolicyBuilder::default()
+    }
+
+    /// What this policy and all its clones have done so far.
+    pub fn stats(&self) -> RetryStats {
+        let c = &self.shared.counters;
+        let load = |n: &AtomicU64| n.load(Ordering::Relaxed);
+        RetryStats {
+            requests: load(&c.requests),
+            retries: load(&c.retries),
+            exhausted: load(&c.exhausted),
+            budget_denied: load(&c.budget_denied),
+            permanent: load(&c.permanent),
+            not_replayable: load(&c.not_replayable),
+            not_idempotent: load(&c.not_idempotent),
+            server_refused: load(&c.server_refused),
+        }
+    }
+
+    /// The budget retries are drawn from.
+    pub fn budget(&self) -> &RetryBudget {
+        &self.shared.budget
+    }
+
+    /// The most bytes of a streaming body kept for replay.
+    pub fn max_replay_bytes(&self) -> usize {
+        self.shared.max_replay_bytes
+    }
+
+    /// The checks after a retryable outcome, in order; `Ok` holds the server's hint.
+    fn may_retry<B>(
+        &self,
+        req: &Request<B>,
+        grpc: bool,
+        unseen: bool,
+        after: Option<Duration>,
+    ) -> Result<Option<Duration>, GiveUp> {
+        let shared = &*self.shared;
+        if req.extensions().get::<NoRetry>().is_some() {
+            return Err(GiveUp::Disabled);
+        }
+        let safe = unseen
+            || is_idempotent(req.method(), req.headers())
+            || req.extensions().get::<Idempotent>().is_some();
+        if !safe {
+            return Err(GiveUp::NotIdempotent);
+        }
+        let max = if grpc {
+            shared.max_attempts.min(GRPC_MAX_ATTEMPTS)
+        } else {
+            shared.max_attempts
+        };
+        if self.attempts >= max {
+            return Err(GiveUp::Exhausted);
+        }
+        if let Some(replay) = req.extensions().get::<ReplayHandle>() {
+            if !replay.is_replayable() {
+                return Err(GiveUp::BodyNotReplayable);
+            }
+        }
+        if after.is_some_and(|after| after > shared.max_retry_after) {
+            return Err(GiveUp::RetryAfterTooLong);
+        }
+        if !shared
+            .budget
+            .try_withdraw(tokio::time::Instant::now().into_std())
+        {
+            return Err(GiveUp::Budget);
+        }
+        Ok(after)
+    }
+
+    /// Hands the outcome back: records why (if it is a give-up) and the attempt count.
+    fn finish<Res, E>(
+        &self,
+        result: &mut Result<Response<Res>, E>,
+        attempts: u32,
+        why: Option<GiveUp>,
+    ) -> Option<Sleep> {
+        if attempts > 1 {
+            if let Ok(res) = result {
+                res.extensions_mut().insert(Attempts(attempts));
+            }
+        }
+        if let Some(why) = why {
+            self.give_up(why, attempts);
+        }
+        None
+    }
+
+    fn give_up(&self, why: GiveUp, attempts: u32) {
+        let c = &self.shared.counters;
+        match why {
+            GiveUp::Exhausted => bump(&c.exhausted),
+            GiveUp::Permanent => bump(&c.permanent),
+            GiveUp::Budget => bump(&c.budget_denied),
+            GiveUp::NotIdempotent => bump(&c.not_idempotent),
+            GiveUp::BodyNotReplayable => bump(&c.not_replayable),
+            GiveUp::RetryAfterTooLong | GiveUp::Pushback => bump(&c.server_refused),
+            GiveUp::CircuitOpen | GiveUp::Disabled => {}
+        }
+        match why {
+            GiveUp::Permanent | GiveUp::Disabled => {
+                tracing::debug!(target: "stormguard::retry", attempts, reason = why.as_str(), "giving up")
+            }
+            _ => {
+                tracing::info!(target: "stormguard::retry", attempts, reason = why.as_str(), "giving up")
+            }
+        }
+    }
+
+    fn next_backoff(&mut self) -> Duration {
+        let shared = &self.shared;
+        let schedule = self.schedule.get_or_insert_with(|| match shared.seed {
+            Some(seed) => {
+                let stream = shared.streams.fetch_add(1, Ordering::Relaxed);
+                shared
+                    .backoff
+                    .schedule_seeded(seed ^ stream.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+            }
+            None => shared.backoff.schedule(),
+        });
+        schedule.next().unwrap_or(shared.backoff.cap())
+    }
+
+    /// Up to 10% more than the server asked for, never less.
+    fn stretch(&mut self, hint: Duration) -> Duration {
+        let spread = u64::try_from((hint / 10).as_nanos()).unwrap_or(u64::MAX);
+        if spread == 0 {
+            return hint;
+        }
+        let rng = self.rng.get_or_insert_with(|| match self.shared.seed {
+            Some(seed) => SmallRng::seed_from_u64(!seed ^ u64::from(self.attempts)),
+            None => SmallRng::from_rng(&mut rand::rng()),
+        });
+        hint.saturating_add(Duration::from_nanos(rng.random_range(0..spread)))
+    }
+}
+
+/// Builds a [`RetryPolicy`]; every setting has a default.
+#[derive(Debug, Clone)]
+pub struct RetryPolicyBuilder {
+    max_attempts: u32,
+    backoff: Backoff,
+    budget: Option<RetryBudget>,
+    rules: Rules,
+    max_retry_after: Option<Duration>,
+    max_replay_bytes: usize,
+    seed: Option<u64>,
+}
+
+impl Default for RetryPolicyBuilder {
+    fn default() -> Self {
+        RetryPolicyBuilder {
+            max_attempts: 3,
+            backoff: Backoff::default(),
+            budget: None,
+            rules: Rules::default(),
+            max_retry_after: None,
+            max_replay_bytes: DEFAULT_MAX_REPLAY_BYTES,
+            seed: None,
+        }
+    }
+}
+
+impl RetryPolicyBuilder {
+    /// Attempts per request, the first included, from 1 to 100 [3]. gRPC calls are
+    /// further capped at 5 (gRFC A6).
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = attempts;
+        self
+    }
+
+    /// The delays between attempts [200 ms to 20 s, full jitter].
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    /// The budget retries are drawn from; share one (by `clone`) across every client of
+    /// a dependency [a budget of its own with the defaults].
+    pub fn budget(mut self, budget: RetryBudget) -> Self {
+        self.budget = Some(budget);
+        self
+    }
+
+    /// The HTTP statuses worth another attempt [408, 429, 500, 502, 503, 504].
+    pub fn retryable_statuses(mut self, statuses: StatusSet) -> Self {
+        self.rules.retryable_statuses = statuses;
+        self
+    }
+
+    /// The gRPC codes worth another attempt [UNAVAILABLE].
+    pub fn retryable_grpc_codes(mut self, codes: stormguard_core::classify::GrpcCodeSet) -> Self {
+        self.rules.retryable_grpc_codes = codes;
+        self
+    }
+
+    /// The longest `Retry-After` or pushback the client will wait for; a longer one
+    /// returns the response to the caller at once [the backoff cap].
+    pub fn max_retry_after(mut self, max: Duration) -> Self {
+        self.max_retry_after = Some(max);
+        self
+    }
+
+    /// The most bytes of a streaming request body kept for replay [64 KiB]; a larger
+    /// body is sent once and not retried.
+    pub fn max_replay_bytes(mut self, bytes: usize) -> Self {
+        self.max_replay_bytes = bytes;
+        self
+    }
+
+    /// Draws every request's jitter from streams derived from `seed`, for reproducible
+    /// tests and simulations [fresh entropy per request].
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+
+    /// Checks the settings and makes the policy.
+    pub fn build(self) -> Result<RetryPolicy, ConfigError> {
+        if !(1..=100).contains(&self.max_attempts) {
+            return Err(ConfigError::invalid(
+                "max_attempts",
+                self.max_attempts,
+                "from 1 to 100",
+            ));
+        }
+        Ok(self.make())
+    }
+
+    fn make(self) -> RetryPolicy {
+        RetryPolicy {
+            shared: Arc::new(Shared {
+                max_attempts: self.max_attempts,
+                max_retry_after: self.max_retry_after.unwrap_or(self.backoff.cap()),
+                backoff: self.backoff,
+                budget: self.budget.unwrap_or_default(),
+                rules: self.rules,
+                max_replay_bytes: self.max_replay_bytes,
+                seed: self.seed,
+                streams: AtomicU64::new(0),
+                counters: Counters::default(),
+            }),
+            attempts: 0,
+            schedule: None,
+            rng: None,
+        }
+    }
+}
+
+fn is_grpc<B>(req: &Request<B>) -> bool {
+    req.headers()
+        .get(http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+}
+
+impl<B, ResB, E> tower::retry::Policy<Request<B>, Response<ResB>, E> for RetryPolicy
+where
+    B: Clone,
+    E: 'static,
+{
+    type Future = Sleep;
+
+    fn retry(
+        &mut self,
+        req: &mut Request<B>,
+        result: &mut Result<Response<ResB>, E>,
+    ) -> Option<Sleep> {
+        self.attempts += 1;
+        let attempts = self.attempts;
+        let grpc = is_grpc(req);
+        // Whether the failure proves the request never reached the application.
+        let (class, unseen) = match result {
+            Ok(res) => {
+                // The wall clock matters only for an HTTP-date Retry-After.
+                let now = match res.status().as_u16() {
+                    429 | 503 => SystemTime::now(),
+                    _ => SystemTime::UNIX_EPOCH,
+                };
+                let class = self.shared.rules.classify(res.status(), res.headers(), now);
+                let grpc_code = grpc && grpc_status(res.headers()).is_some();
+                (class, grpc_code)
+            }
+            Err(err) => match classify_error(err) {
+                ErrorClass::NotSent => (Class::Retryable { after: None }, true),
+                ErrorClass::MaybeProcessed => (Class::Retryable { after: None }, false),
+                ErrorClass::CircuitOpen => {
+                    return self.finish(result, attempts, Some(GiveUp::CircuitOpen))
+                }
+                ErrorClass::Unknown => (Class::Permanent, false),
+            },
+        };
+        let decision = match class {
+            Class::Success => return self.finish(result, attempts, None),
+            Class::Permanent => Err(GiveUp::Permanent),
+            Class::DontRetry => Err(GiveUp::Pushback),
+            Class::Retryable { after } => self.may_retry(req, grpc, unseen, after),
+        };
+        let after = match decision {
+            Ok(after) => after,
+            Err(why) => return self.finish(result, attempts, Some(why)),
+        };
+        let backoff = self.next_backoff();
+        let delay = match after {
+            Some(exact) if grpc => exact,
+            Some(hint) => backoff.max(self.stretch(hint)),
+            None => backoff,
+        };
+        if grpc {
+            if let Ok(value) = HeaderValue::from_str(&attempts.to_string()) {
+                req.headers_mut()
+                    .insert("grpc-previous-rpc-attempts", value);
+            }
+        }
+        bump(&self.shared.counters.retries);
+        let status = result.as_ref().ok().map(|res| res.status().as_u16());
+        tracing::info!(
+            target: "stormguard::retry",
+            attempt = attempts + 1,
+            delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+            reason = if status.is_some() { "status" } else { "error" },
+            status,
+            "retrying"
+        );
+        Some(tokio::time::sleep(delay))
+    }
+
+    fn clone_request(&mut self, req: &Request<B>) -> Option<Request<B>> {
+        if self.attempts == 0 {
+            bump(&self.shared.counters.requests);
+            self.shared
+                .budget
+                .deposit(tokio::time::Instant::now().into_std());
+        }
+        let mut clone = Request::new(req.body().clone());
+        *clone.method_mut() = req.method().clone();
+        *clone.uri_mut() = req.uri().clone();
+        *clone.version_mut() = req.version();
+        *clone.headers_mut() = req.headers().clone();
+        *clone.extensions_mut() = req.extensions().clone();
+        Some(clone)
+    }
+}

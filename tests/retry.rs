@@ -1,0 +1,476 @@
+//! RetryLayer behaviour on a mock service, with paused time.
+
+use std::io;
+use std::time::Duration;
+
+use http::{Method, Request, Response, StatusCode};
+use stormguard::{
+    Attempts, Backoff, CircuitOpen, Idempotent, Jitter, NoRetry, RetryBudget, RetryLayer,
+    RetryPolicy,
+};
+use tokio::task::JoinHandle;
+use tokio::time::{advance, Instant};
+use tower::{BoxError, ServiceBuilder, ServiceExt};
+use tower_test::mock::{self, Handle};
+
+type Mock = Handle<Request<String>, Response<String>>;
+type Outcome = Result<Response<String>, BoxError>;
+
+const MS: Duration = Duration::from_millis(1);
+
+/// 200 ms, 400 ms, 800 ms ... exactly, so tests can check the waits to the millisecond.
+fn fixed_backoff() -> Backoff {
+    Backoff::new(200 * MS, 20_000 * MS, Jitter::None).expect("valid backoff")
+}
+
+fn policy() -> stormguard::RetryPolicyBuilder {
+    RetryPolicy::builder().backoff(fixed_backoff()).seed(7)
+}
+
+fn start(policy: RetryPolicy, req: Request<String>) -> (JoinHandle<Outcome>, Mock) {
+    let (service, handle) = mock::pair::<Request<String>, Response<String>>();
+    let client = ServiceBuilder::new()
+        .layer(RetryLayer::new(policy))
+        .service(service);
+    (tokio::spawn(client.oneshot(req)), handle)
+}
+
+fn get() -> Request<String> {
+    Request::get("http://upstream/")
+        .body(String::new())
+        .expect("request")
+}
+
+fn post() -> Request<String> {
+    Request::post("http://upstream/orders")
+        .body("{}".into())
+        .expect("request")
+}
+
+fn status(code: u16) -> Response<String> {
+    Response::builder()
+        .status(code)
+        .body(String::new())
+        .expect("response")
+}
+
+fn with_header(code: u16, name: &'static str, value: &'static str) -> Response<String> {
+    Response::builder()
+        .status(code)
+        .header(name, value)
+        .body(String::new())
+        .expect("response")
+}
+
+/// Lets spawned tasks run without moving the paused clock.
+async fn settle() {
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+}
+
+/// Answers the next request, which must arrive without the clock moving.
+async fn answer_now(handle: &mut Mock, response: Response<String>) -> Request<String> {
+    settle().await;
+    let Some((req, send)) = take(handle) else {
+        panic!("no request arrived");
+    };
+    send.send_response(response);
+    // Let the retry layer see the response (and start its wait) at this instant.
+    settle().await;
+    req
+}
+
+fn take(
+    handle: &mut Mock,
+) -> Option<(
+    Request<String>,
+    tower_test::mock::SendResponse<Response<String>>,
+)> {
+    match handle.poll_request() {
+        std::task::Poll::Ready(Some(pair)) => Some(pair),
+        _ => None,
+    }
+}
+
+async fn assert_nothing_sent(handle: &mut Mock) {
+    settle().await;
+    assert!(take(handle).is_none(), "a request was sent too early");
+}
+
+/// Moves the clock by `by` and answers the request that must then be waiting.
+async fn answer_after(
+    handle: &mut Mock,
+    by: Duration,
+    response: Response<String>,
+) -> Request<String> {
+    advance(by).await;
+    answer_now(handle, response).await
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_503_is_tried_three_times_then_returned() {
+    let policy = policy().build().expect("policy");
+    let (call, mut upstream) = start(policy.clone(), get());
+
+    answer_now(&mut upstream, status(503)).await;
+    // The first retry waits exactly 200 ms: nothing is sent a millisecond before.
+    advance(199 * MS).await;
+    assert_nothing_sent(&mut upstream).await;
+    answer_after(&mut upstream, MS, status(503)).await;
+    advance(399 * MS).await;
+    assert_nothing_sent(&mut upstream).await;
+    answer_after(&mut upstream, MS, status(503)).await;
+
+    let response = call.await.expect("task").expect("response");
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(Attempts::of(&response), 3);
+    advance(Duration::from_secs(60)).await;
+    assert_nothing_sent(&mut upstream).await;
+    let stats = policy.stats();
+    assert_eq!((stats.requests, stats.retries, stats.exhausted), (1, 2, 1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_400_is_sent_once() {
+    let policy = policy().build().expect("policy");
+    let (call, mut upstream) = start(policy.clone(), get());
+    answer_now(&mut upstream, status(400)).await;
+    let response = call.await.expect("task").expect("response");
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(Attempts::of(&response), 1);
+    advance(Duration::from_secs(60)).await;
+    assert_nothing_sent(&mut upstream).await;
+    assert_eq!(policy.stats().permanent, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn success_after_a_retry_reports_two_attempts() {
+    let (call, mut upstream) = start(policy().build().expect("policy"), get());
+    answer_now(&mut upstream, status(502)).await;
+    answer_after(&mut upstream, 200 * MS, status(200)).await;
+    let response = call.await.expect("task").expect("response");
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.extensions().get::<Attempts>(), Some(&Attempts(2)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_after_is_waited_for_at_least() {
+    let (call, mut upstream) = start(policy().build().expect("policy"), get());
+    answer_now(&mut upstream, with_header(429, "retry-after", "2")).await;
+    let sent = Instant::now();
+    advance(1999 * MS).await;
+    assert_nothing_sent(&mut upstream).await;
+    // At most 10% upward jitter on the hint.
+    let mut waited = 1999 * MS;
+    while take_and_answer(&mut upstream).is_none() {
+        assert!(waited <= 2200 * MS, "retry not sent within 2.2 s");
+        advance(MS).await;
+        waited += MS;
+        settle().await;
+    }
+    assert!(Instant::now() - sent >= 2000 * MS);
+    let response = call.await.expect("task").expect("response");
+    assert_eq!(response.status(), StatusCode::OK);
+}
+
+fn take_and_answer(upstream: &mut Mock) -> Option<()> {
+    let (_, send) = take(upstream)?;
+    send.send_response(status(200));
+    Some(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_after_beyond_the_maximum_returns_the_response() {
+    let policy = policy()
+        .max_retry_after(Duration::from_secs(60))
+        .build()
+        .expect("policy");
+    let (call, mut upstream) = start(policy.clone(), get());
+    answer_now(&mut upstream, with_header(429, "retry-after", "3600")).await;
+    let response = call.await.expect("task").expect("response");
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(response.headers()["retry-after"], "3600");
+    advance(Duration::from_secs(3600)).await;
+    assert_nothing_sent(&mut upstream).await;
+    assert_eq!(policy.stats().server_refused, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn post_without_a_key_is_not_retried_on_503() {
+    let policy = policy().build().expect("policy");
+    let (call, mut upstream) = start(policy.clone(), post());
+    answer_now(&mut upstream, status(503)).await;
+    let response = call.await.expect("task").expect("response");
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    advance(Duration::from_secs(60)).await;
+    assert_nothing_sent(&mut upstream).await;
+    assert_eq!(policy.stats().not_idempotent, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn post_with_an_idempotency_key_is_retried() {
+    let mut req = post();
+    req.headers_mut()
+        .insert("idempotency-key", "order-42".parse().expect("header"));
+    let (call, mut upstream) = start(policy().build().expect("policy"), req);
+    answer_now(&mut upstream, status(503)).await;
+    let retried = answer_after(&mut upstream, 200 * MS, status(201)).await;
+    assert_eq!(retried.method(), Method::POST);
+    assert_eq!(retried.headers()["idempotency-key"], "order-42");
+    assert_eq!(retried.body(), "{}");
+    assert_eq!(
+        call.await.expect("task").expect("response").status(),
+        StatusCode::CREATED
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn post_declared_idempotent_is_retried() {
+    let mut req = post();
+    req.extensions_mut().insert(Idempotent);
+    let (call, mut upstream) = start(policy().build().expect("policy"), req);
+    answer_now(&mut upstream, status(500)).await;
+    answer_after(&mut upstream, 200 * MS, status(200)).await;
+    assert_eq!(
+        call.await.expect("task").expect("response").status(),
+        StatusCode::OK
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_retry_extension_sends_once() {
+    let mut req = get();
+    req.extensions_mut().insert(NoRetry);
+    let (call, mut upstream) = start(policy().build().expect("policy"), req);
+    answer_now(&mut upstream, status(503)).await;
+    assert_eq!(
+        call.await.expect("task").expect("response").status(),
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    advance(Duration::from_secs(60)).await;
+    assert_nothing_sent(&mut upstream).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn post_is_retried_when_the_connection_was_refused() {
+    let (call, mut upstream) = start(policy().build().expect("policy"), post());
+    settle().await;
+    let (_, send) = take(&mut upstream).expect("first attempt");
+    send.send_error(io::Error::from(io::ErrorKind::ConnectionRefused));
+    settle().await;
+    answer_after(&mut upstream, 200 * MS, status(201)).await;
+    assert_eq!(
+        call.await.expect("task").expect("response").status(),
+        StatusCode::CREATED
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn post_is_not_retried_after_a_reset() {
+    let (call, mut upstream) = start(policy().build().expect("policy"), post());
+    settle().await;
+    let (_, send) = take(&mut upstream).expect("first attempt");
+    send.send_error(io::Error::from(io::ErrorKind::ConnectionReset));
+    let err = call.await.expect("task").expect_err("the reset comes back");
+    assert!(err.to_string().contains("reset"), "{err}");
+    advance(Duration::from_secs(60)).await;
+    assert_nothing_sent(&mut upstream).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn unknown_errors_are_not_retried_but_timeouts_are() {
+    let (call, mut upstream) = start(policy().build().expect("policy"), get());
+    settle().await;
+    let (_, send) = take(&mut upstream).expect("first attempt");
+    send.send_error("something odd");
+    assert!(call.await.expect("task").is_err());
+    assert_nothing_sent(&mut upstream).await;
+
+    let (call, mut upstream) = start(policy().build().expect("policy"), get());
+    settle().await;
+    let (_, send) = take(&mut upstream).expect("first attempt");
+    send.send_error(tower::timeout::error::Elapsed::new());
+    settle().await;
+    answer_after(&mut upstream, 200 * MS, status(200)).await;
+    assert_eq!(
+        call.await.expect("task").expect("response").status(),
+        StatusCode::OK
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_open_circuit_is_never_retried() {
+    let policy = policy().build().expect("policy");
+    let (call, mut upstream) = start(policy.clone(), get());
+    settle().await;
+    let (_, send) = take(&mut upstream).expect("first attempt");
+    send.send_error(CircuitOpen::new(Duration::from_secs(5)));
+    let err = call.await.expect("task").expect_err("fails fast");
+    assert!(err.downcast_ref::<CircuitOpen>().is_some());
+    advance(Duration::from_secs(60)).await;
+    assert_nothing_sent(&mut upstream).await;
+    assert_eq!(policy.stats().retries, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_exhausted_budget_means_one_attempt_per_request() {
+    let budget = RetryBudget::builder()
+        .ratio(0.0)
+        .min_per_sec(0)
+        .build()
+        .expect("budget");
+    let policy = policy().budget(budget).build().expect("policy");
+    for _ in 0..5 {
+        let (call, mut upstream) = start(policy.clone(), get());
+        answer_now(&mut upstream, status(503)).await;
+        assert_eq!(
+            call.await.expect("task").expect("response").status(),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        advance(Duration::from_secs(60)).await;
+        assert_nothing_sent(&mut upstream).await;
+    }
+    let stats = policy.stats();
+    assert_eq!(
+        (stats.requests, stats.retries, stats.budget_denied),
+        (5, 0, 5)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_budget_caps_retries_at_its_ratio() {
+    // 10% of 100 requests, and no floor: ten of the hundred failures are retried.
+    let budget = RetryBudget::builder()
+        .ratio(0.1)
+        .min_per_sec(0)
+        .build()
+        .expect("budget");
+    let policy = RetryPolicy::builder()
+        .backoff(fixed_backoff())
+        .max_attempts(2)
+        .budget(budget)
+        .build()
+        .expect("policy");
+    let (service, mut upstream) = mock::pair::<Request<String>, Response<String>>();
+    let client = ServiceBuilder::new()
+        .layer(RetryLayer::new(policy.clone()))
+        .service(service);
+    let calls: Vec<_> = (0..100)
+        .map(|_| tokio::spawn(client.clone().oneshot(get())))
+        .collect();
+    let mut attempts = 0;
+    for _ in 0..50 {
+        settle().await;
+        while let Some((_, send)) = take(&mut upstream) {
+            attempts += 1;
+            send.send_response(status(503));
+        }
+        advance(50 * MS).await;
+    }
+    for call in calls {
+        assert_eq!(
+            call.await.expect("task").expect("response").status(),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+    }
+    assert_eq!(attempts, 110);
+    assert_eq!(policy.stats().budget_denied, 90);
+}
+
+fn grpc_call() -> Request<String> {
+    Request::post("http://upstream/pkg.Service/Method")
+        .header("content-type", "application/grpc")
+        .body(String::from("frame"))
+        .expect("request")
+}
+
+fn grpc_status(code: &'static str, pushback: Option<&'static str>) -> Response<String> {
+    let mut res = with_header(200, "grpc-status", code);
+    if let Some(ms) = pushback {
+        res.headers_mut()
+            .insert("grpc-retry-pushback-ms", ms.parse().expect("header"));
+    }
+    res
+}
+
+#[tokio::test(start_paused = true)]
+async fn grpc_unavailable_is_retried_with_previous_attempts_and_capped_at_five() {
+    let policy = policy().max_attempts(10).build().expect("policy");
+    let (call, mut upstream) = start(policy, grpc_call());
+    let first = answer_now(&mut upstream, grpc_status("14", None)).await;
+    assert!(first.headers().get("grpc-previous-rpc-attempts").is_none());
+    let mut wait = 200 * MS;
+    for previous in 1..5 {
+        let req = answer_after(&mut upstream, wait, grpc_status("14", None)).await;
+        assert_eq!(
+            req.headers()["grpc-previous-rpc-attempts"],
+            previous.to_string().as_str()
+        );
+        wait *= 2;
+    }
+    let response = call.await.expect("task").expect("response");
+    assert_eq!(Attempts::of(&response), 5);
+    advance(Duration::from_secs(60)).await;
+    assert_nothing_sent(&mut upstream).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn grpc_pushback_is_exact_and_negative_pushback_stops() {
+    let (call, mut upstream) = start(policy().build().expect("policy"), grpc_call());
+    answer_now(&mut upstream, grpc_status("14", Some("1000"))).await;
+    advance(999 * MS).await;
+    assert_nothing_sent(&mut upstream).await;
+    answer_after(&mut upstream, MS, grpc_status("14", Some("-1"))).await;
+    let response = call.await.expect("task").expect("response");
+    assert_eq!(response.headers()["grpc-status"], "14");
+    assert_eq!(Attempts::of(&response), 2);
+    advance(Duration::from_secs(60)).await;
+    assert_nothing_sent(&mut upstream).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn grpc_codes_other_than_unavailable_are_permanent() {
+    let (call, mut upstream) = start(policy().build().expect("policy"), grpc_call());
+    answer_now(&mut upstream, grpc_status("3", None)).await;
+    assert_eq!(
+        Attempts::of(&call.await.expect("task").expect("response")),
+        1
+    );
+    assert_nothing_sent(&mut upstream).await;
+}
+
+/// The waits between attempts of one seeded run, in milliseconds.
+async fn seeded_waits(seed: u64) -> Vec<u128> {
+    let policy = RetryPolicy::builder()
+        .seed(seed)
+        .max_attempts(4)
+        .build()
+        .expect("policy");
+    let (call, mut upstream) = start(policy, get());
+    let mut waits = Vec::new();
+    answer_now(&mut upstream, status(503)).await;
+    let mut last = Instant::now();
+    while waits.len() < 3 {
+        advance(MS).await;
+        settle().await;
+        if let Some((_, send)) = take(&mut upstream) {
+            waits.push((Instant::now() - last).as_millis());
+            last = Instant::now();
+            send.send_response(status(503));
+        }
+    }
+    call.await.expect("task").expect("response");
+    waits
+}
+
+#[tokio::test(start_paused = true)]
+async fn full_jitter_waits_are_seeded_and_under_the_ceiling() {
+    let a = seeded_waits(11).await;
+    assert_eq!(a, seeded_waits(11).await);
+    assert_ne!(a, seeded_waits(12).await);
+    for (wait, ceiling) in a.iter().zip([200, 400, 800]) {
+        // Sleeps are rounded up to tokio's millisecond timer.
+        assert!(*wait <= ceiling + 1, "{a:?}");
+    }
+}
