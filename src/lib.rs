@@ -4,12 +4,14 @@ pub mod body;
 pub mod breaker;
 mod classify;
 pub mod retry;
+mod tower_budget;
 
 pub use body::ReplayBody;
 pub use breaker::CircuitOpen;
 pub use retry::{
     Attempts, GiveUp, Idempotent, NoRetry, RetryLayer, RetryPolicy, RetryPolicyBuilder, RetryStats,
 };
+pub use tower_budget::TowerBudget;
 pub use stormguard_core::{
     backoff, budget, retry_after, Backoff, Class, ConfigError, Jitter, RetryBudget,
     RetryBudgetBuilder,

@@ -292,7 +292,12 @@ impl RetryBudgetBuilder {
         let reserve = f64::from(self.min_per_sec) * self.window.as_secs_f64() * UNIT as f64;
         RetryBudget {
             state: Arc::new(State {
-                origin: Instant::now(),
+                // An hour back, so that instants taken shortly before the budget was
+                // made (a paused test clock, a request already in flight) still fall in
+                // their own bucket instead of being clamped to the first.
+                origin: Instant::now()
+                    .checked_sub(Duration::from_secs(3600))
+                    .unwrap_or_else(Instant::now),
                 bucket_nanos: (self.window.as_nanos() / u128::from(DEPOSIT_BUCKETS)) as u64,
                 deposit_units: (self.ratio * UNIT as f64).round() as i64,
                 reserve_units: reserve.round().min((1u64 << 60) as f64) as i64,
