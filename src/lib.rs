@@ -11,11 +11,11 @@ pub use breaker::CircuitOpen;
 pub use retry::{
     Attempts, GiveUp, Idempotent, NoRetry, RetryLayer, RetryPolicy, RetryPolicyBuilder, RetryStats,
 };
-pub use tower_budget::TowerBudget;
 pub use stormguard_core::{
     backoff, budget, retry_after, Backoff, Class, ConfigError, Jitter, RetryBudget,
     RetryBudgetBuilder,
 };
+pub use tower_budget::TowerBudget;
 
 /// The error type of the services stormguard's layers make: any error, boxed.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
