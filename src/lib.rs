@@ -2,7 +2,7 @@
 
 pub mod body;
 pub mod breaker;
-mod classify;
+mod error_class;
 pub mod retry;
 mod tower_budget;
 
@@ -12,7 +12,7 @@ pub use retry::{
     Attempts, GiveUp, Idempotent, NoRetry, RetryLayer, RetryPolicy, RetryPolicyBuilder, RetryStats,
 };
 pub use stormguard_core::{
-    backoff, budget, retry_after, Backoff, Class, ConfigError, Jitter, RetryBudget,
+    backoff, budget, classify, retry_after, Backoff, Class, ConfigError, Jitter, RetryBudget,
     RetryBudgetBuilder,
 };
 pub use tower_budget::TowerBudget;
