@@ -20,9 +20,14 @@
 //! # Ok::<(), stormguard_core::ConfigError>(())
 //! ```
 
+pub mod breaker;
 pub mod classify;
 mod error;
 pub mod retry_after;
 
+pub use breaker::{
+    Breaker, BreakerConfig, BreakerConfigBuilder, CircuitState, Outcome, Permit, Rejected,
+    Transition,
+};
 pub use classify::Class;
 pub use error::ConfigError;
