@@ -6,7 +6,8 @@ use std::task::Poll;
 use std::time::Duration;
 
 use http::{Request, Response, StatusCode};
-use stormguard::breaker::{BoxError, CircuitBreakerBuilder, CircuitBreakerService, Transition};
+use stormguard::breaker::{CircuitBreakerBuilder, CircuitBreakerService, Transition};
+use stormguard::BoxError;
 use stormguard::{CircuitBreaker, CircuitBreakerLayer, CircuitOpen, CircuitState};
 use tokio::time::{advance, Instant};
 use tower::{Layer, Service, ServiceExt};

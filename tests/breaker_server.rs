@@ -14,7 +14,8 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use stormguard::breaker::{BoxError, CircuitBreakerService};
+use stormguard::breaker::CircuitBreakerService;
+use stormguard::BoxError;
 use stormguard::{CircuitBreaker, CircuitBreakerLayer, CircuitOpen, CircuitState};
 use tower::{Layer, Service, ServiceExt};
 

@@ -132,13 +132,11 @@ mod layer;
 
 pub use layer::CircuitBreakerLayer;
 pub use stormguard_core::breaker::{CircuitState, Transition};
-pub use stormguard_core::classify::{GrpcCodeSet, StatusSet};
-pub use stormguard_core::ConfigError;
 
 use self::future::ResponseFuture;
-
-/// The boxed error type the breaker's service returns.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+use crate::BoxError;
+use stormguard_core::classify::{GrpcCodeSet, StatusSet};
+use stormguard_core::ConfigError;
 
 type Callback = Arc<dyn Fn(Transition) + Send + Sync>;
 
@@ -489,7 +487,8 @@ impl CircuitBreaker {
 /// ```
 /// use std::time::Duration;
 /// use http::StatusCode;
-/// use stormguard::breaker::{CircuitBreaker, StatusSet};
+/// use stormguard::classify::StatusSet;
+/// use stormguard::CircuitBreaker;
 ///
 /// let breaker = CircuitBreaker::builder()
 ///     .window(Duration::from_secs(10))
@@ -505,7 +504,7 @@ impl CircuitBreaker {
 ///
 /// let err = CircuitBreaker::builder().probes(0).build().unwrap_err();
 /// assert_eq!(err.field(), "probes");
-/// # Ok::<(), stormguard::breaker::ConfigError>(())
+/// # Ok::<(), stormguard::ConfigError>(())
 /// ```
 #[must_use]
 pub struct CircuitBreakerBuilder {
