@@ -372,7 +372,7 @@ impl CircuitBreaker {
 
     /// Asks for leave to call the inner service.
     fn try_acquire(&self) -> Result<Permit, CircuitOpen> {
-        match self.shared.breaker.try_acquire(now()) {
+        match self.shared.breaker.try_acquire_with(now) {
             Ok(permit) => {
                 self.emit(permit.transition());
                 self.shared.calls.fetch_add(1, Ordering::Relaxed);

@@ -40,6 +40,7 @@ mod layer;
 pub use layer::{CloneBodies, ReplayBodies, ReplayRetry, RetryLayer};
 
 use std::fmt;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -47,7 +48,9 @@ use std::time::{Duration, SystemTime};
 use http::{HeaderValue, Request, Response};
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
-use stormguard_core::classify::{grpc_status, is_idempotent, Rules, StatusSet};
+use stormguard_core::classify::{
+    grpc_status, is_idempotent, Rules, StatusSet, GRPC_PREVIOUS_RPC_ATTEMPTS,
+};
 use stormguard_core::{Backoff, Class, ConfigError, RetryBudget, Schedule};
 use tokio::time::Sleep;
 
@@ -220,8 +223,17 @@ pub struct RetryPolicy {
     shared: Arc<Shared>,
     /// Attempts made for this request so far (0 on the layer's own copy).
     attempts: u32,
-    schedule: Option<Schedule>,
-    rng: Option<SmallRng>,
+    /// The request's random streams, made at its first retry. Boxed so that the policy,
+    /// which tower moves around with every request, stays three words on the success
+    /// path.
+    streams: Option<Box<Streams>>,
+}
+
+/// One request's random draws: its backoff schedule and the jitter on server hints.
+#[derive(Debug, Clone)]
+struct Streams {
+    schedule: Schedule,
+    rng: SmallRng,
 }
 
 impl fmt::Debug for RetryPolicy {
@@ -325,7 +337,7 @@ impl RetryPolicy {
         result: &mut Result<Response<Res>, E>,
         attempts: u32,
         why: Option<GiveUp>,
-    ) -> Option<Sleep> {
+    ) -> Option<Pin<Box<Sleep>>> {
         if attempts > 1 {
             if let Ok(res) = result {
                 res.extensions_mut().insert(Attempts(attempts));
@@ -358,18 +370,29 @@ impl RetryPolicy {
         }
     }
 
-    fn next_backoff(&mut self) -> Duration {
+    fn streams(&mut self) -> &mut Streams {
         let shared = &self.shared;
-        let schedule = self.schedule.get_or_insert_with(|| match shared.seed {
-            Some(seed) => {
-                let stream = shared.streams.fetch_add(1, Ordering::Relaxed);
-                shared
-                    .backoff
-                    .schedule_seeded(seed ^ stream.wrapping_mul(0x9E37_79B9_7F4A_7C15))
-            }
-            None => shared.backoff.schedule(),
-        });
-        schedule.next().unwrap_or(shared.backoff.cap())
+        self.streams.get_or_insert_with(|| {
+            Box::new(match shared.seed {
+                Some(seed) => {
+                    let stream = shared.streams.fetch_add(1, Ordering::Relaxed);
+                    let seed = seed ^ stream.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                    Streams {
+                        schedule: shared.backoff.schedule_seeded(seed),
+                        rng: SmallRng::seed_from_u64(!seed),
+                    }
+                }
+                None => Streams {
+                    schedule: shared.backoff.schedule(),
+                    rng: SmallRng::from_rng(&mut rand::rng()),
+                },
+            })
+        })
+    }
+
+    fn next_backoff(&mut self) -> Duration {
+        let cap = self.shared.backoff.cap();
+        self.streams().schedule.next().unwrap_or(cap)
     }
 
     /// Up to 10% more than the server asked for, never less.
@@ -378,11 +401,8 @@ impl RetryPolicy {
         if spread == 0 {
             return hint;
         }
-        let rng = self.rng.get_or_insert_with(|| match self.shared.seed {
-            Some(seed) => SmallRng::seed_from_u64(!seed ^ u64::from(self.attempts)),
-            None => SmallRng::from_rng(&mut rand::rng()),
-        });
-        hint.saturating_add(Duration::from_nanos(rng.random_range(0..spread)))
+        let extra = self.streams().rng.random_range(0..spread);
+        hint.saturating_add(Duration::from_nanos(extra))
     }
 }
 
@@ -492,8 +512,7 @@ impl RetryPolicyBuilder {
                 counters: Counters::default(),
             }),
             attempts: 0,
-            schedule: None,
-            rng: None,
+            streams: None,
         }
     }
 }
@@ -509,13 +528,13 @@ where
     B: Clone,
     E: 'static,
 {
-    type Future = Sleep;
+    type Future = Pin<Box<Sleep>>;
 
     fn retry(
         &mut self,
         req: &mut Request<B>,
         result: &mut Result<Response<ResB>, E>,
-    ) -> Option<Sleep> {
+    ) -> Option<Pin<Box<Sleep>>> {
         self.attempts += 1;
         let attempts = self.attempts;
         let grpc = is_grpc(req);
@@ -558,8 +577,7 @@ where
         };
         if grpc {
             if let Ok(value) = HeaderValue::from_str(&attempts.to_string()) {
-                req.headers_mut()
-                    .insert("grpc-previous-rpc-attempts", value);
+                req.headers_mut().insert(GRPC_PREVIOUS_RPC_ATTEMPTS, value);
             }
         }
         bump(&self.shared.counters.retries);
@@ -572,7 +590,7 @@ where
             status,
             "retrying"
         );
-        Some(tokio::time::sleep(delay))
+        Some(Box::pin(tokio::time::sleep(delay)))
     }
 
     fn clone_request(&mut self, req: &Request<B>) -> Option<Request<B>> {
@@ -582,12 +600,6 @@ where
                 .budget
                 .deposit(tokio::time::Instant::now().into_std());
         }
-        let mut clone = Request::new(req.body().clone());
-        *clone.method_mut() = req.method().clone();
-        *clone.uri_mut() = req.uri().clone();
-        *clone.version_mut() = req.version();
-        *clone.headers_mut() = req.headers().clone();
-        *clone.extensions_mut() = req.extensions().clone();
-        Some(clone)
+        Some(req.clone())
     }
 }

@@ -721,6 +721,12 @@ impl Breaker {
     /// such. HalfOpen: a probe permit while fewer than `probes` probes are in flight or
     /// have succeeded, else rejected. Isolated: rejected.
     pub fn try_acquire(&self, now: Instant) -> Result<Permit, Rejected> {
+        self.try_acquire_with(|| now)
+    }
+
+    /// [`try_acquire`](Self::try_acquire), reading the time from `now` only when the
+    /// state needs it: a Closed circuit admits without looking at the clock.
+    pub fn try_acquire_with(&self, mut now: impl FnMut() -> Instant) -> Result<Permit, Rejected> {
         let mut transition = None;
         let mut word = self.load();
         loop {
@@ -740,6 +746,7 @@ impl Breaker {
                     })
                 }
                 CircuitState::Open => {
+                    let now = now();
                     let remaining = self.remaining(now);
                     if !remaining.is_zero() {
                         return Err(Rejected {

@@ -38,12 +38,19 @@
 use std::fmt;
 use std::time::{Duration, SystemTime};
 
-use http::{HeaderMap, Method, StatusCode};
+use http::{HeaderMap, HeaderName, Method, StatusCode};
 
 use crate::retry_after::{parse_grpc_pushback, parse_retry_after, Pushback};
 
-/// The name of the header that makes a POST or PATCH safe to retry.
-pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+/// The header that makes a POST or PATCH safe to retry.
+pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+/// The gRPC status of a response (in its headers when it is trailers-only).
+pub const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+/// How long a gRPC server asks the client to wait before retrying (gRFC A6).
+pub const GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
+/// The number of earlier attempts of a retried gRPC call (gRFC A6).
+pub const GRPC_PREVIOUS_RPC_ATTEMPTS: HeaderName =
+    HeaderName::from_static("grpc-previous-rpc-attempts");
 
 /// What an outcome means for the next attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -239,7 +246,7 @@ impl fmt::Debug for GrpcCodeSet {
 /// The `grpc-status` of a response whose headers carry one (a trailers-only response),
 /// or `None` when there is none or it is not a number.
 pub fn grpc_status(headers: &HeaderMap) -> Option<i32> {
-    let value = headers.get("grpc-status")?.to_str().ok()?;
+    let value = headers.get(GRPC_STATUS)?.to_str().ok()?;
     if value.is_empty() || !value.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
@@ -326,10 +333,7 @@ impl Rules {
         if !self.retryable_grpc_codes.contains(code) {
             return Class::Permanent;
         }
-        match headers
-            .get("grpc-retry-pushback-ms")
-            .map(parse_grpc_pushback)
-        {
+        match headers.get(GRPC_RETRY_PUSHBACK_MS).map(parse_grpc_pushback) {
             None => Class::Retryable { after: None },
             Some(Pushback::After(after)) => Class::Retryable { after: Some(after) },
             Some(Pushback::DontRetry) => Class::DontRetry,
