@@ -1,0 +1,104 @@
+//! Allocations per call on the success path, counted by a global allocator wrapper:
+//! stormguard's retry and breaker layers allocate nothing beyond what tower's own
+//! `Retry` does to clone the request.
+//!
+//! This file holds a single test, so that no other test allocates while it counts.
+
+use std::alloc::System;
+use std::future::{ready, Ready};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::Full;
+use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
+use stormguard::{CircuitBreaker, CircuitBreakerLayer, RetryLayer, RetryPolicy};
+use tower::retry::Policy;
+use tower::{service_fn, BoxError, Service, ServiceBuilder, ServiceExt};
+
+#[global_allocator]
+static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
+
+type Req = Request<Full<Bytes>>;
+type Res = Response<Full<Bytes>>;
+
+fn request() -> Req {
+    Request::get("http://upstream/items/7")
+        .body(Full::new(Bytes::from_static(b"{}")))
+        .expect("request")
+}
+
+fn upstream(
+) -> impl Service<Req, Response = Res, Error = BoxError, Future = Ready<Result<Res, BoxError>>> + Clone
+{
+    service_fn(|_req: Req| ready(Ok(Response::new(Full::new(Bytes::from_static(b"ok"))))))
+}
+
+/// Tower's minimal retry policy: clone the request, never retry.
+#[derive(Clone)]
+struct NeverRetry;
+
+impl<E> Policy<Req, Res, E> for NeverRetry {
+    type Future = Ready<()>;
+
+    fn retry(&mut self, _: &mut Req, _: &mut Result<Res, E>) -> Option<Self::Future> {
+        None
+    }
+
+    fn clone_request(&mut self, req: &Req) -> Option<Req> {
+        Some(req.clone())
+    }
+}
+
+/// Mean allocations of one call (request built and sent, response dropped).
+fn allocations_per_call<S>(rt: &tokio::runtime::Runtime, svc: S) -> f64
+where
+    S: Service<Req, Response = Res> + Clone,
+    S::Error: std::fmt::Debug,
+{
+    const CALLS: usize = 1000;
+    let call = |svc: S| async move {
+        let res = svc.oneshot(request()).await.expect("200");
+        drop(res);
+    };
+    rt.block_on(async {
+        for _ in 0..100 {
+            call(svc.clone()).await;
+        }
+    });
+    let region = Region::new(GLOBAL);
+    rt.block_on(async {
+        for _ in 0..CALLS {
+            call(svc.clone()).await;
+        }
+    });
+    region.change().allocations as f64 / CALLS as f64
+}
+
+#[test]
+fn the_success_path_allocates_no_more_than_towers_retry() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("runtime");
+    let bare = allocations_per_call(&rt, upstream());
+    let tower_retry = allocations_per_call(
+        &rt,
+        ServiceBuilder::new()
+            .layer(tower::retry::RetryLayer::new(NeverRetry))
+            .service(upstream()),
+    );
+    let breaker = CircuitBreaker::builder().build().expect("breaker");
+    let stormguard = allocations_per_call(
+        &rt,
+        ServiceBuilder::new()
+            .layer(RetryLayer::new(RetryPolicy::default()))
+            .layer(CircuitBreakerLayer::new(breaker))
+            .service(upstream()),
+    );
+    println!("allocations per call: bare {bare}, tower_retry {tower_retry}, stormguard retry+breaker {stormguard}");
+    assert!(tower_retry >= bare);
+    assert!(
+        stormguard <= tower_retry,
+        "stormguard allocates {stormguard} per call, tower's Retry {tower_retry}"
+    );
+}
