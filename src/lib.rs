@@ -2,8 +2,9 @@
 
 pub mod body;
 pub mod breaker;
-mod classify;
+mod error_class;
 pub mod retry;
+mod tower_budget;
 
 pub use body::ReplayBody;
 pub use breaker::CircuitOpen;
@@ -11,9 +12,10 @@ pub use retry::{
     Attempts, GiveUp, Idempotent, NoRetry, RetryLayer, RetryPolicy, RetryPolicyBuilder, RetryStats,
 };
 pub use stormguard_core::{
-    backoff, budget, retry_after, Backoff, Class, ConfigError, Jitter, RetryBudget,
+    backoff, budget, classify, retry_after, Backoff, Class, ConfigError, Jitter, RetryBudget,
     RetryBudgetBuilder,
 };
+pub use tower_budget::TowerBudget;
 
 /// The error type of the services stormguard's layers make: any error, boxed.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

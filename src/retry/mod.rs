@@ -52,7 +52,7 @@ use stormguard_core::{Backoff, Class, ConfigError, RetryBudget, Schedule};
 use tokio::time::Sleep;
 
 use crate::body::{ReplayHandle, DEFAULT_MAX_REPLAY_BYTES};
-use crate::classify::{classify_error, ErrorClass};
+use crate::error_class::{classify_error, ErrorClass};
 
 /// gRFC A6 caps any gRPC retry policy at five attempts.
 const GRPC_MAX_ATTEMPTS: u32 = 5;

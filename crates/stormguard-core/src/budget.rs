@@ -103,12 +103,20 @@ impl<const N: usize> Ring<N> {
         &self.0[(epoch % N as u64) as usize]
     }
 
-    /// The sum of the buckets of the window ending at `epoch`.
+    /// The sum of the buckets of the window ending at `epoch`: those stamped with one
+    /// of the last `N` epochs (each bucket only ever holds epochs congruent to its
+    /// index, so at most one per epoch).
     fn sum(&self, epoch: u64) -> u64 {
-        (0..(N as u64).min(epoch + 1))
-            .map(|back| {
-                let e = epoch - back;
-                count(self.bucket(e).load(Ordering::Acquire), e).unwrap_or(0)
+        self.0
+            .iter()
+            .map(|bucket| {
+                let word = bucket.load(Ordering::Acquire);
+                let age = (epoch.wrapping_sub(word >> COUNT_BITS)) & STAMP_MASK;
+                if age < N as u64 {
+                    word & COUNT_MAX
+                } else {
+                    0
+                }
             })
             .sum()
     }
@@ -205,8 +213,17 @@ impl fmt::Debug for RetryBudget {
 impl State {
     /// The epoch for `now`, or the newest one already seen if `now` is older.
     fn advance(&self, now: Instant) -> u64 {
-        let nanos = now.saturating_duration_since(self.origin).as_nanos();
-        let epoch = u64::try_from(nanos / u128::from(self.bucket_nanos)).unwrap_or(u64::MAX);
+        let since = now.saturating_duration_since(self.origin);
+        let nanos = since
+            .as_secs()
+            .saturating_mul(1_000_000_000)
+            .saturating_add(u64::from(since.subsec_nanos()));
+        let epoch = nanos / self.bucket_nanos;
+        // Most calls land in the epoch already seen: a load, no read-modify-write.
+        let seen = self.clock.load(Ordering::Acquire);
+        if epoch <= seen {
+            return seen;
+        }
         self.clock.fetch_max(epoch, Ordering::AcqRel).max(epoch)
     }
 
@@ -292,7 +309,12 @@ impl RetryBudgetBuilder {
         let reserve = f64::from(self.min_per_sec) * self.window.as_secs_f64() * UNIT as f64;
         RetryBudget {
             state: Arc::new(State {
-                origin: Instant::now(),
+                // An hour back, so that instants taken shortly before the budget was
+                // made (a paused test clock, a request already in flight) still fall in
+                // their own bucket instead of being clamped to the first.
+                origin: Instant::now()
+                    .checked_sub(Duration::from_secs(3600))
+                    .unwrap_or_else(Instant::now),
                 bucket_nanos: (self.window.as_nanos() / u128::from(DEPOSIT_BUCKETS)) as u64,
                 deposit_units: (self.ratio * UNIT as f64).round() as i64,
                 reserve_units: reserve.round().min((1u64 << 60) as f64) as i64,

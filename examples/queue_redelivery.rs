@@ -1,0 +1,145 @@
+//! Let the broker hold the backoff: a queue consumer without tower.
+//!
+//! Sleeping inside a worker holds the lease, the thread and the connection for the whole
+//! backoff. A queue consumer does better to hand the message back with a delay and let
+//! the broker redeliver it (SQS visibility timeout, a redelivery delay). The receive
+//! count is the attempt number, and the broker's maximum receive count bounds the
+//! attempts without a counter of our own.
+//!
+//! This example runs a tiny in-memory broker on virtual time. Each message's handler
+//! answers with an HTTP status, as a downstream call would. stormguard's core decides:
+//! success deletes the message, a permanent failure is dead-lettered at once with its
+//! reason, a transient one is redelivered after a full-jitter delay in seconds.
+//!
+//! `cargo run --example queue_redelivery`
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::time::{Duration, SystemTime};
+
+use http::{HeaderMap, StatusCode};
+use rand::rngs::SmallRng;
+use rand::SeedableRng;
+use stormguard::classify::Rules;
+use stormguard::{Backoff, Class, Jitter};
+
+/// The broker's redrive policy: after this many receives a message is dead-lettered.
+const MAX_RECEIVE_COUNT: u32 = 5;
+
+/// A queued job and the statuses its handler will answer, one per delivery.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Message {
+    id: &'static str,
+    receive_count: u32,
+    outcomes: Vec<u16>,
+}
+
+/// What the consumer tells the broker after one delivery.
+#[derive(Debug, PartialEq, Eq)]
+enum Verdict {
+    Delete,
+    Redeliver(Duration),
+    DeadLetter(String),
+}
+
+/// The whole decision: classify the handler's status, then pick a redelivery delay or
+/// a dead-letter reason. No sleeping, no clock: `previous` is the last delay given.
+fn decide(
+    rules: &Rules,
+    backoff: &Backoff,
+    status: StatusCode,
+    receive_count: u32,
+    previous: Duration,
+    rng: &mut SmallRng,
+) -> Verdict {
+    match rules.classify(status, &HeaderMap::new(), SystemTime::UNIX_EPOCH) {
+        Class::Success => Verdict::Delete,
+        Class::Permanent | Class::DontRetry => {
+            Verdict::DeadLetter(format!("permanent failure: {status}"))
+        }
+        Class::Retryable { .. } if receive_count >= MAX_RECEIVE_COUNT => Verdict::DeadLetter(
+            format!("still failing after {receive_count} deliveries: {status}"),
+        ),
+        Class::Retryable { after } => {
+            let delay = backoff.delay(receive_count - 1, previous, rng);
+            // Brokers count visibility timeouts in whole seconds; never less than asked.
+            let secs = delay.as_secs_f64().ceil() as u64;
+            Verdict::Redeliver(Duration::from_secs(secs).max(after.unwrap_or_default()))
+        }
+    }
+}
+
+fn main() -> Result<(), stormguard::ConfigError> {
+    // Seconds, not milliseconds: 2 s base, 15 min cap, as a broker-held backoff would use.
+    let backoff = Backoff::new(
+        Duration::from_secs(2),
+        Duration::from_secs(900),
+        Jitter::Full,
+    )?;
+    let rules = Rules::default();
+    let mut rng = SmallRng::seed_from_u64(7);
+
+    let messages = [
+        ("receipt-1", vec![200]),
+        ("receipt-2", vec![503, 503, 200]),
+        ("receipt-3", vec![400]),
+        ("receipt-4", vec![502, 429, 504, 500, 503]),
+        ("receipt-5", vec![500, 404]),
+    ];
+    // The broker: messages ordered by the virtual second they become visible.
+    let mut queue: BinaryHeap<Reverse<(u64, Message)>> = messages
+        .into_iter()
+        .map(|(id, outcomes)| {
+            let message = Message {
+                id,
+                receive_count: 0,
+                outcomes,
+            };
+            Reverse((0, message))
+        })
+        .collect();
+    let mut previous = std::collections::HashMap::new();
+    let (mut deleted, mut dead) = (0, 0);
+
+    // Bounded: every message is received at most MAX_RECEIVE_COUNT times.
+    while let Some(Reverse((now, mut message))) = queue.pop() {
+        message.receive_count += 1;
+        let index = (message.receive_count - 1) as usize;
+        let status = message.outcomes.get(index).copied().unwrap_or(200);
+        let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let last = previous.get(message.id).copied().unwrap_or(backoff.base());
+        let verdict = decide(
+            &rules,
+            &backoff,
+            status,
+            message.receive_count,
+            last,
+            &mut rng,
+        );
+        let shown = status.to_string();
+        print!(
+            "t={now:>4}s  {:<10} receive #{}  {shown:<26} ",
+            message.id, message.receive_count
+        );
+        match verdict {
+            Verdict::Delete => {
+                deleted += 1;
+                println!("-> deleted");
+            }
+            Verdict::DeadLetter(reason) => {
+                dead += 1;
+                println!("-> dead-letter ({reason})");
+            }
+            Verdict::Redeliver(delay) => {
+                println!(
+                    "-> back to the broker, visible again in {}s",
+                    delay.as_secs()
+                );
+                previous.insert(message.id, delay);
+                queue.push(Reverse((now + delay.as_secs(), message)));
+            }
+        }
+    }
+    println!("\n{deleted} processed, {dead} dead-lettered with their reasons; no worker slept.");
+    Ok(())
+}

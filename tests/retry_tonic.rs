@@ -1,0 +1,188 @@
+//! RetryLayer in a tonic client stack: a client-streaming call whose body spans several
+//! frames is replayed after UNAVAILABLE, against a tonic server on 127.0.0.1.
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http::uri::PathAndQuery;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use stormguard::{Backoff, Jitter, ReplayBody, RetryLayer, RetryPolicy};
+use tokio::net::TcpListener;
+use tonic::body::Body;
+use tonic::codegen::tokio_stream;
+use tonic::{Request, Response, Status, Streaming};
+use tonic_prost::ProstCodec;
+use tower::{service_fn, Service, ServiceBuilder};
+
+/// One piece of an upload (written by hand: no protoc needed).
+#[derive(Clone, PartialEq, prost::Message)]
+struct Chunk {
+    #[prost(bytes = "vec", tag = "1")]
+    data: Vec<u8>,
+}
+
+/// What the server received.
+#[derive(Clone, PartialEq, prost::Message)]
+struct Summary {
+    #[prost(uint32, tag = "1")]
+    messages: u32,
+    #[prost(uint64, tag = "2")]
+    bytes: u64,
+}
+
+const PATH: &str = "/stormguard.test.Upload/Send";
+
+/// Serves `Upload/Send` on 127.0.0.1:0. Each call reads the whole stream and records
+/// what it got; the first `failures` calls then answer UNAVAILABLE.
+async fn serve(failures: usize) -> (String, Arc<Mutex<Vec<Summary>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let received = Arc::new(Mutex::new(Vec::new()));
+    let calls = Arc::new(AtomicUsize::new(0));
+    let log = received.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            let (log, calls) = (log.clone(), calls.clone());
+            let http = hyper::service::service_fn(move |req: http::Request<Incoming>| {
+                let (log, calls) = (log.clone(), calls.clone());
+                async move {
+                    let handler = service_fn(move |req: Request<Streaming<Chunk>>| {
+                        let (log, calls) = (log.clone(), calls.clone());
+                        async move {
+                            let mut stream = req.into_inner();
+                            let mut got = Summary::default();
+                            while let Some(chunk) = stream.message().await? {
+                                got.messages += 1;
+                                got.bytes += chunk.data.len() as u64;
+                            }
+                            log.lock().expect("lock").push(got.clone());
+                            if calls.fetch_add(1, Ordering::SeqCst) < failures {
+                                return Err(Status::unavailable("warming up"));
+                            }
+                            Ok::<_, Status>(Response::new(got))
+                        }
+                    });
+                    let mut grpc =
+                        tonic::server::Grpc::new(ProstCodec::<Summary, Chunk>::default());
+                    Ok::<_, Infallible>(grpc.client_streaming(handler, req.map(Body::new)).await)
+                }
+            });
+            tokio::spawn(async move {
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), http)
+                    .await;
+            });
+        }
+    });
+    (format!("http://{addr}"), received)
+}
+
+fn chunks(n: usize, size: usize) -> Vec<Chunk> {
+    (0..n)
+        .map(|i| Chunk {
+            data: vec![i as u8; size],
+        })
+        .collect()
+}
+
+async fn upload<S>(svc: S, messages: Vec<Chunk>) -> Result<Summary, Status>
+where
+    S: tonic::client::GrpcService<Body>,
+    S::ResponseBody: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    <S::ResponseBody as http_body::Body>::Error: Into<tonic::codegen::StdError>,
+    S::Error: Into<tonic::codegen::StdError>,
+{
+    let mut grpc = tonic::client::Grpc::new(svc);
+    grpc.ready()
+        .await
+        .map_err(|e| Status::unknown(e.into().to_string()))?;
+    let request = Request::new(tokio_stream::iter(messages));
+    let response = grpc
+        .client_streaming(
+            request,
+            PathAndQuery::from_static(PATH),
+            ProstCodec::<Chunk, Summary>::default(),
+        )
+        .await?;
+    Ok(response.into_inner())
+}
+
+fn policy() -> stormguard::RetryPolicyBuilder {
+    RetryPolicy::builder()
+        .backoff(
+            Backoff::new(
+                Duration::from_millis(5),
+                Duration::from_millis(50),
+                Jitter::Full,
+            )
+            .expect("backoff"),
+        )
+        .seed(3)
+}
+
+#[tokio::test]
+async fn a_client_stream_is_replayed_after_unavailable() {
+    let (uri, received) = serve(2).await;
+    let channel = tonic::transport::Endpoint::from_shared(uri)
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connect");
+    let policy = policy().build().expect("policy");
+    let svc = ServiceBuilder::new()
+        .layer(RetryLayer::new(policy.clone()).replay_bodies())
+        .map_request(|r: http::Request<ReplayBody<Body>>| r.map(Body::new))
+        .service(channel);
+
+    let summary = tokio::time::timeout(Duration::from_secs(5), upload(svc, chunks(8, 1000)))
+        .await
+        .expect("in time")
+        .expect("third attempt succeeds");
+    assert_eq!(
+        summary,
+        Summary {
+            messages: 8,
+            bytes: 8000
+        }
+    );
+    // Every attempt, the successful one included, carried the whole stream.
+    assert_eq!(*received.lock().expect("lock"), vec![summary.clone(); 3]);
+    assert_eq!(policy.stats().retries, 2);
+}
+
+#[tokio::test]
+async fn a_stream_over_the_cap_is_sent_once_and_the_status_returned() {
+    let (uri, received) = serve(1).await;
+    let channel = tonic::transport::Endpoint::from_shared(uri)
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connect");
+    let policy = policy().max_replay_bytes(2048).build().expect("policy");
+    let mut svc = ServiceBuilder::new()
+        .layer(RetryLayer::new(policy.clone()).replay_bodies())
+        .map_request(|r: http::Request<ReplayBody<Body>>| r.map(Body::new))
+        .service(channel);
+    std::future::poll_fn(|cx| svc.poll_ready(cx))
+        .await
+        .expect("ready");
+
+    let status = upload(svc, chunks(8, 1000))
+        .await
+        .expect_err("UNAVAILABLE comes back");
+    assert_eq!(status.code(), tonic::Code::Unavailable);
+    assert_eq!(
+        *received.lock().expect("lock"),
+        vec![Summary {
+            messages: 8,
+            bytes: 8000
+        }]
+    );
+    assert_eq!(policy.stats().not_replayable, 1);
+}
