@@ -336,7 +336,8 @@ impl Dependency {
     async fn serve(self: Arc<Self>) -> StatusCode {
         let now = self.start.elapsed();
         let bucket = (now.as_millis() / BUCKET.as_millis()) as usize;
-        if let Some(count) = self.attempts.get(bucket.min(self.attempts.len() - 1)) {
+        // Attempts after the last bucket (a straggler of the drain) count in the last.
+        if let Some(count) = self.attempts.get(bucket).or(self.attempts.last()) {
             count.fetch_add(1, Ordering::Relaxed);
         }
         if self.phases.in_outage(now) {
@@ -407,6 +408,8 @@ async fn start_server(
     let accept = tokio::spawn(async move {
         loop {
             let Ok((stream, _)) = listener.accept().await else {
+                // Out of file descriptors, most likely: let some connections close.
+                tokio::time::sleep(Duration::from_millis(10)).await;
                 continue;
             };
             let dependency = dependency.clone();
