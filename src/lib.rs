@@ -7,13 +7,13 @@ pub mod retry;
 mod tower_budget;
 
 pub use body::ReplayBody;
-pub use breaker::CircuitOpen;
+pub use breaker::{BreakerStats, CircuitBreaker, CircuitBreakerLayer, CircuitOpen};
 pub use retry::{
     Attempts, GiveUp, Idempotent, NoRetry, RetryLayer, RetryPolicy, RetryPolicyBuilder, RetryStats,
 };
 pub use stormguard_core::{
-    backoff, budget, classify, retry_after, Backoff, Class, ConfigError, Jitter, RetryBudget,
-    RetryBudgetBuilder,
+    backoff, budget, classify, retry_after, Backoff, CircuitState, Class, ConfigError, Jitter,
+    RetryBudget, RetryBudgetBuilder, Transition,
 };
 pub use tower_budget::TowerBudget;
 

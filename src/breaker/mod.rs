@@ -1,20 +1,868 @@
-//! placeholder until the breaker branch lands
-use std::time::Duration;
-/// A circuit breaker refused the call.
-#[derive(Debug, Clone)]
+//! A circuit breaker: stop calling a dependency that is failing, and find out when it
+//! has recovered.
+//!
+//! Retries help with blips. When a dependency is down or overloaded, though, every call
+//! and every retry adds to its load while each caller waits out its timeout for nothing.
+//! A circuit breaker counts the outcomes of recent calls and, once too many fail, *opens*:
+//! for a break (5 s by default, doubling after each failed recovery up to a cap, with a
+//! little jitter), calls fail at once with [`CircuitOpen`] without reaching the
+//! dependency. When the break is over the circuit is *half-open*: exactly `probes` calls
+//! (1 by default) go through, across every clone of the service; if they succeed the
+//! circuit *closes* and traffic resumes, if one fails it opens again for a longer break.
+//! The rules live in [`stormguard_core::breaker`], a state machine with time passed in;
+//! this module drives it from a Tower service with tokio's clock (so paused time in
+//! tests works).
+//!
+//! # Where it goes in the stack
+//!
+//! ```text
+//! RetryLayer            one retry point, outermost
+//!   CircuitBreakerLayer counts every attempt, fails fast while open
+//!     timeout           per attempt, so a hung call counts as a failure
+//!       client
+//! ```
+//!
+//! - **Below the retry layer.** Every attempt passes through the breaker, so a failing
+//!   dependency trips it sooner instead of having its failures hidden by retries, and a
+//!   [`CircuitOpen`] error is something the retry layer does not retry: it goes straight
+//!   back to the caller instead of queueing retries behind an open circuit. There is one
+//!   retry point, at the top; stacking retries below the breaker multiplies the load.
+//! - **Above the per-attempt timeout.** A timeout is an error from the inner service and
+//!   counts as a failure. Were the timeout outside the breaker, a hung call would simply
+//!   be dropped, and a dropped call counts as nothing (its probe slot is given back).
+//!
+//! # What counts as a failure
+//!
+//! - Responses whose status is in [`StatusSet::breaker_default()`] (408, 429 and every
+//!   5xx), or, when the response headers carry `grpc-status` (a trailers-only gRPC
+//!   response), whose code is in [`GrpcCodeSet::breaker_default()`]. Both sets can be
+//!   replaced on the builder.
+//! - Every error from the inner service (connection refused, reset, timeout...), except
+//!   a [`CircuitOpen`] anywhere in its `source()` chain: that comes from another breaker
+//!   nested below, which already counted the failures it saw.
+//!
+//! Other 4xx responses (and gRPC codes outside the set, such as `INVALID_ARGUMENT`) are
+//! the caller's fault and say nothing about the dependency's health: they are *ignored*.
+//! They count neither as failures nor as successes, so a client sending bad requests
+//! neither trips the breaker nor dilutes the failure ratio of a dependency that is
+//! failing everyone else. An ignored probe frees its slot for the next caller.
+//! Everything else (1xx to 3xx, `grpc-status: 0`) is a success.
+//!
+//! # Example
+//!
+//! ```
+//! use std::convert::Infallible;
+//! use std::time::Duration;
+//!
+//! use http::{Request, Response, StatusCode};
+//! use stormguard::{CircuitBreaker, CircuitBreakerLayer, CircuitOpen, CircuitState};
+//! use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//! let breaker = CircuitBreaker::builder()
+//!     .min_throughput(5)
+//!     .failure_ratio(0.5)
+//!     .break_duration(Duration::from_secs(5))
+//!     .on_transition(|t| println!("circuit {} -> {}", t.from, t.to))
+//!     .build()?;
+//!
+//! let mut svc = ServiceBuilder::new()
+//!     .layer(CircuitBreakerLayer::new(breaker.clone()))
+//!     .service(service_fn(|_req: Request<()>| async {
+//!         let mut response = Response::new(());
+//!         *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+//!         Ok::<_, Infallible>(response)
+//!     }));
+//!
+//! for _ in 0..5 {
+//!     let response = svc.ready().await?.call(Request::new(())).await?;
+//!     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+//! }
+//! assert_eq!(breaker.state(), CircuitState::Open);
+//!
+//! // The sixth call fails fast, without reaching the service.
+//! let err = svc.ready().await?.call(Request::new(())).await.unwrap_err();
+//! let open = err.downcast_ref::<CircuitOpen>().expect("the circuit is open");
+//! assert!(open.remaining() > Duration::ZERO);
+//! assert_eq!(breaker.stats().rejected, 1);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Waiting instead of failing fast
+//!
+//! By default an open circuit fails calls at once. With
+//! [`wait_when_open(true)`](CircuitBreakerBuilder::wait_when_open), `poll_ready` instead
+//! returns `Pending` while the circuit is open (until the break is over), isolated
+//! (until [`reset`](CircuitBreaker::reset)) or half-open with every probe slot taken
+//! (until a probe finishes). That suits a worker pulling from a queue, which would
+//! rather pause than burn through its messages; put a load-shed or timeout layer above
+//! it if callers must not wait. A call can still be rejected if another caller took the
+//! last probe slot between `poll_ready` and `call`.
+//!
+//! # Observing it
+//!
+//! Every transition is a `tracing` event with target `stormguard::breaker` and fields
+//! `from` and `to` (`warn` when the circuit opens or is isolated, `info` otherwise), is
+//! passed to the [`on_transition`](CircuitBreakerBuilder::on_transition) callback, and
+//! updates the receivers of [`subscribe`](CircuitBreaker::subscribe).
+//! [`stats`](CircuitBreaker::stats) counts calls, failures, rejections and transitions.
+//! The Open to HalfOpen transition happens lazily: [`state`](CircuitBreaker::state)
+//! reports `HalfOpen` as soon as the break is over, but the event is emitted when the
+//! next call arrives.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use http::{Request, Response};
+use stormguard_core::breaker::{Breaker, BreakerConfig, BreakerConfigBuilder, Outcome, Permit};
+use stormguard_core::classify::grpc_status;
+use tokio::sync::{watch, Notify};
+use tokio::time::Sleep;
+use tower_service::Service;
+
+pub mod future;
+mod layer;
+
+pub use layer::CircuitBreakerLayer;
+pub use stormguard_core::breaker::{CircuitState, Transition};
+pub use stormguard_core::classify::{GrpcCodeSet, StatusSet};
+pub use stormguard_core::ConfigError;
+
+use self::future::ResponseFuture;
+
+/// The boxed error type the breaker's service returns.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+type Callback = Arc<dyn Fn(Transition) + Send + Sync>;
+
+/// The time now, by tokio's clock (which tests may pause), as a std `Instant`.
+fn now() -> Instant {
+    tokio::time::Instant::now().into_std()
+}
+
+/// The error returned, boxed in a [`BoxError`], for a call the circuit breaker refused
+/// without calling the inner service.
+///
+/// Find it with `err.downcast_ref::<CircuitOpen>()`. The retry layer treats it as "do
+/// not retry".
+///
+/// ```
+/// use std::time::Duration;
+/// use stormguard::CircuitOpen;
+///
+/// let err: Box<dyn std::error::Error + Send + Sync> =
+///     Box::new(CircuitOpen::new(Duration::from_secs(3)));
+/// let open = err.downcast_ref::<CircuitOpen>().expect("a CircuitOpen");
+/// assert_eq!(open.remaining(), Duration::from_secs(3));
+/// assert_eq!(err.to_string(), "circuit breaker open: next probe in 3s");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CircuitOpen {
-    /// Time left.
-    pub remaining: Duration,
+    remaining: Duration,
+    state: CircuitState,
 }
+
 impl CircuitOpen {
-    /// new
+    /// A refusal by an open circuit whose break ends in `remaining`.
     pub fn new(remaining: Duration) -> Self {
-        CircuitOpen { remaining }
+        CircuitOpen {
+            remaining,
+            state: CircuitState::Open,
+        }
+    }
+
+    /// How long until the break is over and a probe may go through. Zero when the
+    /// circuit is isolated, or half-open with every probe slot taken.
+    pub fn remaining(&self) -> Duration {
+        self.remaining
+    }
+
+    /// The state that refused the call: `Open`, `HalfOpen` (every probe slot taken) or
+    /// `Isolated`.
+    pub fn state(&self) -> CircuitState {
+        self.state
     }
 }
-impl std::fmt::Display for CircuitOpen {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "circuit open")
+
+impl fmt::Display for CircuitOpen {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.state {
+            CircuitState::HalfOpen => {
+                f.write_str("circuit breaker half-open: every probe slot is taken")
+            }
+            CircuitState::Isolated => f.write_str("circuit breaker isolated"),
+            _ => write!(
+                f,
+                "circuit breaker open: next probe in {:?}",
+                self.remaining
+            ),
+        }
     }
 }
+
 impl std::error::Error for CircuitOpen {}
+
+/// Counters of a [`CircuitBreaker`], from [`CircuitBreaker::stats`], since it was built.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BreakerStats {
+    /// Calls let through to the inner service (probes included).
+    pub calls: u64,
+    /// Calls whose outcome was classified as a failure (counted by the window or not:
+    /// outcomes of calls that outlived the closed period they started in are not).
+    pub failures: u64,
+    /// Calls refused with [`CircuitOpen`].
+    pub rejected: u64,
+    /// State transitions.
+    pub transitions: u64,
+}
+
+struct Shared {
+    breaker: Breaker,
+    failure_statuses: StatusSet,
+    failure_grpc_codes: GrpcCodeSet,
+    wait_when_open: bool,
+    on_transition: Option<Callback>,
+    state_tx: watch::Sender<CircuitState>,
+    /// Woken on every transition and whenever a probe slot frees up.
+    changed: Arc<Notify>,
+    calls: AtomicU64,
+    failures: AtomicU64,
+    rejected: AtomicU64,
+    transitions: AtomicU64,
+}
+
+/// A circuit breaker: the shared state behind [`CircuitBreakerLayer`], and the handle to
+/// watch and steer it.
+///
+/// Build it with [`CircuitBreaker::builder`] (or [`CircuitBreaker::default`]), hand a
+/// clone to [`CircuitBreakerLayer::new`], and keep one to read [`state`](Self::state) and
+/// [`stats`](Self::stats) or to [`isolate`](Self::isolate) and [`reset`](Self::reset)
+/// the circuit. See the [module docs](self) for the rules.
+///
+/// # Clone
+///
+/// Clones share one state (an `Arc`): every service made from the same breaker, on any
+/// thread, counts into the same window and sees the same circuit. Build a separate
+/// breaker for each dependency you want to trip separately.
+#[derive(Clone)]
+pub struct CircuitBreaker {
+    shared: Arc<Shared>,
+}
+
+impl Default for CircuitBreaker {
+    /// A breaker with the default settings of [`CircuitBreakerBuilder`].
+    fn default() -> Self {
+        CircuitBreaker::new(
+            BreakerConfig::default(),
+            StatusSet::breaker_default(),
+            GrpcCodeSet::breaker_default(),
+            false,
+            None,
+            None,
+        )
+    }
+}
+
+impl fmt::Debug for CircuitBreaker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CircuitBreaker")
+            .field("state", &self.state())
+            .field("stats", &self.stats())
+            .field("config", self.shared.breaker.config())
+            .field("failure_statuses", &self.shared.failure_statuses)
+            .field("failure_grpc_codes", &self.shared.failure_grpc_codes)
+            .field("wait_when_open", &self.shared.wait_when_open)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CircuitBreaker {
+    /// A builder with the defaults: a 30 s window, at least 20 calls and half of them
+    /// failing to open, breaks from 5 s to 60 s with 20% jitter, one probe, failures
+    /// as described in the [module docs](self), failing fast while open.
+    pub fn builder() -> CircuitBreakerBuilder {
+        CircuitBreakerBuilder {
+            config: BreakerConfig::builder(),
+            failure_statuses: StatusSet::breaker_default(),
+            failure_grpc_codes: GrpcCodeSet::breaker_default(),
+            wait_when_open: false,
+            on_transition: None,
+            seed: None,
+        }
+    }
+
+    fn new(
+        config: BreakerConfig,
+        failure_statuses: StatusSet,
+        failure_grpc_codes: GrpcCodeSet,
+        wait_when_open: bool,
+        on_transition: Option<Callback>,
+        seed: Option<u64>,
+    ) -> Self {
+        let breaker = match seed {
+            Some(seed) => Breaker::with_seed(config, seed),
+            None => Breaker::new(config),
+        };
+        let (state_tx, _) = watch::channel(CircuitState::Closed);
+        CircuitBreaker {
+            shared: Arc::new(Shared {
+                breaker,
+                failure_statuses,
+                failure_grpc_codes,
+                wait_when_open,
+                on_transition,
+                state_tx,
+                changed: Arc::new(Notify::new()),
+                calls: AtomicU64::new(0),
+                failures: AtomicU64::new(0),
+                rejected: AtomicU64::new(0),
+                transitions: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// The state of the circuit now, by tokio's clock. An open circuit whose break is
+    /// over reads as `HalfOpen`.
+    pub fn state(&self) -> CircuitState {
+        self.shared.breaker.state(now())
+    }
+
+    /// Forces the circuit open: every call is refused with [`CircuitOpen`] until
+    /// [`reset`](Self::reset). Returns the transition, or `None` if it was already
+    /// isolated.
+    pub fn isolate(&self) -> Option<Transition> {
+        let transition = self.shared.breaker.isolate();
+        self.emit(transition);
+        transition
+    }
+
+    /// Forces the circuit closed, with an empty window and the break back to its base
+    /// length. Returns the transition, or `None` if it was already closed.
+    pub fn reset(&self) -> Option<Transition> {
+        let transition = self.shared.breaker.reset();
+        self.emit(transition);
+        transition
+    }
+
+    /// A receiver of the circuit's state, updated on every transition.
+    pub fn subscribe(&self) -> watch::Receiver<CircuitState> {
+        self.shared.state_tx.subscribe()
+    }
+
+    /// The counters so far.
+    pub fn stats(&self) -> BreakerStats {
+        let s = &self.shared;
+        BreakerStats {
+            calls: s.calls.load(Ordering::Relaxed),
+            failures: s.failures.load(Ordering::Relaxed),
+            rejected: s.rejected.load(Ordering::Relaxed),
+            transitions: s.transitions.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The state-machine settings.
+    pub fn config(&self) -> &BreakerConfig {
+        self.shared.breaker.config()
+    }
+
+    /// Asks for leave to call the inner service.
+    fn try_acquire(&self) -> Result<Permit, CircuitOpen> {
+        match self.shared.breaker.try_acquire(now()) {
+            Ok(permit) => {
+                self.emit(permit.transition());
+                self.shared.calls.fetch_add(1, Ordering::Relaxed);
+                Ok(permit)
+            }
+            Err(rejected) => {
+                self.emit(rejected.transition);
+                self.shared.rejected.fetch_add(1, Ordering::Relaxed);
+                Err(CircuitOpen {
+                    remaining: rejected.remaining,
+                    state: rejected.state,
+                })
+            }
+        }
+    }
+
+    /// Reports the outcome of a call made with `permit`.
+    fn record(&self, permit: Permit, outcome: Outcome) {
+        let probe = permit.is_probe();
+        if outcome == Outcome::Failure {
+            self.shared.failures.fetch_add(1, Ordering::Relaxed);
+        }
+        let transition = self.shared.breaker.record(permit, outcome, now());
+        self.emit(transition);
+        if probe && transition.is_none() {
+            // A slot may have freed up for a waiting caller.
+            self.shared.changed.notify_waiters();
+        }
+    }
+
+    /// Gives back the permit of a call that was dropped before it finished.
+    fn release(&self, permit: Permit) {
+        let probe = permit.is_probe();
+        self.shared.breaker.release(permit);
+        if probe {
+            self.shared.changed.notify_waiters();
+        }
+    }
+
+    fn classify_response<B>(&self, response: &Response<B>) -> Outcome {
+        if let Some(code) = grpc_status(response.headers()) {
+            return if code == 0 {
+                Outcome::Success
+            } else if self.shared.failure_grpc_codes.contains(code) {
+                Outcome::Failure
+            } else {
+                Outcome::Ignored
+            };
+        }
+        let status = response.status();
+        if self.shared.failure_statuses.contains(status) {
+            Outcome::Failure
+        } else if status.is_client_error() || status.is_server_error() {
+            Outcome::Ignored
+        } else {
+            Outcome::Success
+        }
+    }
+
+    fn classify_error(error: &(dyn std::error::Error + 'static)) -> Outcome {
+        let mut source = Some(error);
+        while let Some(err) = source {
+            if err.is::<CircuitOpen>() {
+                return Outcome::Ignored;
+            }
+            source = err.source();
+        }
+        Outcome::Failure
+    }
+
+    /// Tells everyone about a transition.
+    fn emit(&self, transition: Option<Transition>) {
+        let Some(t) = transition else {
+            return;
+        };
+        let s = &self.shared;
+        s.transitions.fetch_add(1, Ordering::Relaxed);
+        match t.to {
+            CircuitState::Open | CircuitState::Isolated => tracing::warn!(
+                target: "stormguard::breaker",
+                from = %t.from,
+                to = %t.to,
+                "circuit breaker state changed"
+            ),
+            CircuitState::Closed | CircuitState::HalfOpen => tracing::info!(
+                target: "stormguard::breaker",
+                from = %t.from,
+                to = %t.to,
+                "circuit breaker state changed"
+            ),
+        }
+        // Publish the state as it is now rather than `t.to`: if two transitions are
+        // reported by two threads in the wrong order, the receivers still end on the
+        // current state.
+        let current = self.state();
+        s.state_tx.send_if_modified(|state| {
+            let changed = *state != current;
+            *state = current;
+            changed
+        });
+        if let Some(callback) = &s.on_transition {
+            callback(t);
+        }
+        s.changed.notify_waiters();
+    }
+}
+
+/// Builds a [`CircuitBreaker`]: the state-machine settings of
+/// [`stormguard_core::breaker::BreakerConfigBuilder`], which
+/// outcomes are failures, and what an open circuit does to `poll_ready`.
+///
+/// ```
+/// use std::time::Duration;
+/// use http::StatusCode;
+/// use stormguard::breaker::{CircuitBreaker, StatusSet};
+///
+/// let breaker = CircuitBreaker::builder()
+///     .window(Duration::from_secs(10))
+///     .min_throughput(50)
+///     .failure_ratio(0.25)
+///     .consecutive_failures(5)
+///     .break_duration(Duration::from_secs(1))
+///     .max_break_duration(Duration::from_secs(30))
+///     .probes(3)
+///     .failure_statuses(StatusSet::breaker_default().without(StatusCode::NOT_IMPLEMENTED))
+///     .build()?;
+/// assert_eq!(breaker.config().probes(), 3);
+///
+/// let err = CircuitBreaker::builder().probes(0).build().unwrap_err();
+/// assert_eq!(err.field(), "probes");
+/// # Ok::<(), stormguard::breaker::ConfigError>(())
+/// ```
+#[must_use]
+pub struct CircuitBreakerBuilder {
+    config: BreakerConfigBuilder,
+    failure_statuses: StatusSet,
+    failure_grpc_codes: GrpcCodeSet,
+    wait_when_open: bool,
+    on_transition: Option<Callback>,
+    seed: Option<u64>,
+}
+
+impl fmt::Debug for CircuitBreakerBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CircuitBreakerBuilder")
+            .field("config", &self.config)
+            .field("failure_statuses", &self.failure_statuses)
+            .field("failure_grpc_codes", &self.failure_grpc_codes)
+            .field("wait_when_open", &self.wait_when_open)
+            .field("on_transition", &self.on_transition.is_some())
+            .field("seed", &self.seed)
+            .finish()
+    }
+}
+
+impl CircuitBreakerBuilder {
+    /// The span of the sliding window over which failures are counted (default 30 s),
+    /// from 10 ms to 365 days.
+    pub fn window(mut self, window: Duration) -> Self {
+        self.config = self.config.window(window);
+        self
+    }
+
+    /// How many calls (not counting ignored ones) the window must hold before the
+    /// failure ratio can open the circuit (default 20), at least 1.
+    pub fn min_throughput(mut self, calls: u32) -> Self {
+        self.config = self.config.min_throughput(calls);
+        self
+    }
+
+    /// The share of failures over the window that opens the circuit (default 0.5),
+    /// greater than 0 and at most 1.
+    pub fn failure_ratio(mut self, ratio: f64) -> Self {
+        self.config = self.config.failure_ratio(ratio);
+        self
+    }
+
+    /// Also open after this many failures in a row (default off); a `u32` or an
+    /// `Option<u32>`, at least 1.
+    pub fn consecutive_failures(mut self, failures: impl Into<Option<u32>>) -> Self {
+        self.config = self.config.consecutive_failures(failures);
+        self
+    }
+
+    /// The first break (default 5 s), more than zero.
+    pub fn break_duration(mut self, duration: Duration) -> Self {
+        self.config = self.config.break_duration(duration);
+        self
+    }
+
+    /// The longest break (default 60 s), at least `break_duration`; each failed probe
+    /// doubles the break up to this.
+    pub fn max_break_duration(mut self, duration: Duration) -> Self {
+        self.config = self.config.max_break_duration(duration);
+        self
+    }
+
+    /// How many probe calls a half-open circuit lets through (default 1), from 1 to
+    /// 65535; all must succeed to close it.
+    pub fn probes(mut self, probes: u32) -> Self {
+        self.config = self.config.probes(probes);
+        self
+    }
+
+    /// How much each break is stretched at random, as a fraction (default 0.2), from 0
+    /// to 1: a break `d` lasts `d × U[1, 1 + jitter]`.
+    pub fn jitter(mut self, jitter: f64) -> Self {
+        self.config = self.config.jitter(jitter);
+        self
+    }
+
+    /// Takes every state-machine setting from `config`, replacing those set so far.
+    pub fn config(mut self, config: BreakerConfig) -> Self {
+        self.config = BreakerConfig::builder()
+            .window(config.window())
+            .min_throughput(config.min_throughput())
+            .failure_ratio(config.failure_ratio())
+            .consecutive_failures(config.consecutive_failures())
+            .break_duration(config.break_duration())
+            .max_break_duration(config.max_break_duration())
+            .probes(config.probes())
+            .jitter(config.jitter());
+        self
+    }
+
+    /// The HTTP statuses that count as failures (default
+    /// [`StatusSet::breaker_default()`]: 408, 429 and 5xx). Other 4xx and 5xx are
+    /// ignored; 1xx to 3xx are successes.
+    pub fn failure_statuses(mut self, statuses: StatusSet) -> Self {
+        self.failure_statuses = statuses;
+        self
+    }
+
+    /// The gRPC codes, read from a `grpc-status` response header, that count as
+    /// failures (default [`GrpcCodeSet::breaker_default()`]). Code 0 is a success,
+    /// other codes are ignored.
+    pub fn failure_grpc_codes(mut self, codes: GrpcCodeSet) -> Self {
+        self.failure_grpc_codes = codes;
+        self
+    }
+
+    /// Whether `poll_ready` waits (returns `Pending`) while the circuit refuses calls,
+    /// instead of letting `call` fail fast with [`CircuitOpen`] (default `false`).
+    pub fn wait_when_open(mut self, wait: bool) -> Self {
+        self.wait_when_open = wait;
+        self
+    }
+
+    /// Calls `callback` with every transition, on the thread that caused it, after it
+    /// happened. It must be quick and must not block; it may read the breaker's state.
+    pub fn on_transition(mut self, callback: impl Fn(Transition) + Send + Sync + 'static) -> Self {
+        self.on_transition = Some(Arc::new(callback));
+        self
+    }
+
+    /// Draws the break jitter from `seed` instead of the thread RNG, for reproducible
+    /// tests.
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+
+    /// Checks the settings and builds the breaker, or returns an error naming the
+    /// first setting out of range.
+    pub fn build(self) -> Result<CircuitBreaker, ConfigError> {
+        let config = self.config.build()?;
+        Ok(CircuitBreaker::new(
+            config,
+            self.failure_statuses,
+            self.failure_grpc_codes,
+            self.wait_when_open,
+            self.on_transition,
+            self.seed,
+        ))
+    }
+}
+
+/// The service made by [`CircuitBreakerLayer`]: calls the inner service while the
+/// circuit lets it, and fails fast with [`CircuitOpen`] otherwise.
+///
+/// # Clone
+///
+/// Clones share the circuit breaker (and clone the inner service).
+pub struct CircuitBreakerService<S> {
+    inner: S,
+    breaker: CircuitBreaker,
+    /// The end of the break, while `poll_ready` waits for it.
+    sleep: Option<Pin<Box<Sleep>>>,
+    /// A registration for the next change, while `poll_ready` waits for one.
+    changed: Option<Pin<Box<tokio::sync::futures::OwnedNotified>>>,
+}
+
+impl<S> CircuitBreakerService<S> {
+    /// Wraps `inner` with `breaker`.
+    pub fn new(inner: S, breaker: CircuitBreaker) -> Self {
+        CircuitBreakerService {
+            inner,
+            breaker,
+            sleep: None,
+            changed: None,
+        }
+    }
+
+    /// The circuit breaker this service reports to.
+    pub fn breaker(&self) -> &CircuitBreaker {
+        &self.breaker
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service, unwrapped.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+
+    /// Ready when the circuit would let a call through; otherwise registers for the
+    /// end of the break or the next change.
+    fn poll_admission(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        loop {
+            let now = tokio::time::Instant::now();
+            let rejected = match self.breaker.shared.breaker.check(now.into_std()) {
+                Ok(()) => {
+                    self.sleep = None;
+                    self.changed = None;
+                    return Poll::Ready(());
+                }
+                Err(rejected) => rejected,
+            };
+            let Some(changed) = &mut self.changed else {
+                // Register before looking again, so a change in between is not missed.
+                let mut changed = Box::pin(self.breaker.shared.changed.clone().notified_owned());
+                changed.as_mut().enable();
+                self.changed = Some(changed);
+                continue;
+            };
+            if changed.as_mut().poll(cx).is_ready() {
+                self.changed = None;
+                continue;
+            }
+            if rejected.state == CircuitState::Open {
+                let deadline = now + rejected.remaining;
+                let sleep = match &mut self.sleep {
+                    Some(sleep) => {
+                        if sleep.deadline() != deadline {
+                            sleep.as_mut().reset(deadline);
+                        }
+                        sleep
+                    }
+                    None => self
+                        .sleep
+                        .insert(Box::pin(tokio::time::sleep_until(deadline))),
+                };
+                if sleep.as_mut().poll(cx).is_ready() {
+                    continue;
+                }
+            }
+            return Poll::Pending;
+        }
+    }
+}
+
+impl<S: Clone> Clone for CircuitBreakerService<S> {
+    fn clone(&self) -> Self {
+        CircuitBreakerService::new(self.inner.clone(), self.breaker.clone())
+    }
+}
+
+impl<S: fmt::Debug> fmt::Debug for CircuitBreakerService<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CircuitBreakerService")
+            .field("inner", &self.inner)
+            .field("breaker", &self.breaker)
+            .field("waiting", &(self.sleep.is_some() || self.changed.is_some()))
+            .finish()
+    }
+}
+
+impl<S, B, ResB> Service<Request<B>> for CircuitBreakerService<S>
+where
+    S: Service<Request<B>, Response = Response<ResB>>,
+    S::Error: Into<BoxError>,
+{
+    type Response = Response<ResB>;
+    type Error = BoxError;
+    type Future = ResponseFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        if self.breaker.shared.wait_when_open && self.poll_admission(cx).is_pending() {
+            return Poll::Pending;
+        }
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        match self.breaker.try_acquire() {
+            Ok(permit) => {
+                ResponseFuture::called(self.inner.call(request), self.breaker.clone(), permit)
+            }
+            Err(open) => ResponseFuture::rejected(open),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::StatusCode;
+
+    fn response(status: u16, grpc: Option<&'static str>) -> Response<()> {
+        let mut response = Response::new(());
+        *response.status_mut() = StatusCode::from_u16(status).expect("status");
+        if let Some(code) = grpc {
+            response
+                .headers_mut()
+                .insert("grpc-status", http::HeaderValue::from_static(code));
+        }
+        response
+    }
+
+    #[test]
+    fn classifies_responses() {
+        let breaker = CircuitBreaker::default();
+        let outcome = |status, grpc| breaker.classify_response(&response(status, grpc));
+        for s in [200, 204, 301, 304] {
+            assert_eq!(outcome(s, None), Outcome::Success, "{s}");
+        }
+        for s in [408, 429, 500, 501, 502, 503, 504, 599] {
+            assert_eq!(outcome(s, None), Outcome::Failure, "{s}");
+        }
+        for s in [400, 401, 403, 404, 409, 422] {
+            assert_eq!(outcome(s, None), Outcome::Ignored, "{s}");
+        }
+        assert_eq!(outcome(200, Some("0")), Outcome::Success);
+        assert_eq!(outcome(200, Some("14")), Outcome::Failure);
+        assert_eq!(outcome(200, Some("4")), Outcome::Failure);
+        assert_eq!(outcome(200, Some("3")), Outcome::Ignored);
+        assert_eq!(outcome(200, Some("5")), Outcome::Ignored);
+        // grpc-status wins over the HTTP status.
+        assert_eq!(outcome(503, Some("0")), Outcome::Success);
+    }
+
+    #[test]
+    fn classifies_errors() {
+        #[derive(Debug)]
+        struct Wrapper(CircuitOpen);
+        impl fmt::Display for Wrapper {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("wrapped")
+            }
+        }
+        impl std::error::Error for Wrapper {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        assert_eq!(CircuitBreaker::classify_error(&refused), Outcome::Failure);
+        let nested = Wrapper(CircuitOpen::new(Duration::from_secs(1)));
+        assert_eq!(CircuitBreaker::classify_error(&nested), Outcome::Ignored);
+        let direct = CircuitOpen::new(Duration::ZERO);
+        assert_eq!(CircuitBreaker::classify_error(&direct), Outcome::Ignored);
+    }
+
+    #[test]
+    fn circuit_open_messages() {
+        let open = |state| CircuitOpen {
+            remaining: Duration::from_millis(1500),
+            state,
+        };
+        assert_eq!(
+            open(CircuitState::Open).to_string(),
+            "circuit breaker open: next probe in 1.5s"
+        );
+        assert_eq!(
+            open(CircuitState::HalfOpen).to_string(),
+            "circuit breaker half-open: every probe slot is taken"
+        );
+        assert_eq!(
+            open(CircuitState::Isolated).to_string(),
+            "circuit breaker isolated"
+        );
+    }
+}

@@ -21,12 +21,17 @@
 //! ```
 
 pub mod backoff;
+pub mod breaker;
 pub mod budget;
 pub mod classify;
 mod error;
 pub mod retry_after;
 
 pub use backoff::{Backoff, Jitter, Schedule};
+pub use breaker::{
+    Breaker, BreakerConfig, BreakerConfigBuilder, CircuitState, Outcome, Permit, Rejected,
+    Transition,
+};
 pub use budget::{RetryBudget, RetryBudgetBuilder};
 pub use classify::Class;
 pub use error::ConfigError;

@@ -1,0 +1,392 @@
+//! The circuit-breaker layer over a `tower_test` mock, on paused time.
+
+use std::future::poll_fn;
+use std::sync::{Arc, Mutex};
+use std::task::Poll;
+use std::time::Duration;
+
+use http::{Request, Response, StatusCode};
+use stormguard::breaker::{BoxError, CircuitBreakerBuilder, CircuitBreakerService, Transition};
+use stormguard::{CircuitBreaker, CircuitBreakerLayer, CircuitOpen, CircuitState};
+use tokio::time::{advance, Instant};
+use tower::{Layer, Service, ServiceExt};
+use tower_test::mock::{self, Handle, Mock};
+
+type Req = Request<()>;
+type Res = Response<()>;
+type Svc = CircuitBreakerService<Mock<Req, Res>>;
+
+const BREAK: Duration = Duration::from_secs(1);
+const MS: Duration = Duration::from_millis(1);
+
+/// Ten calls, half failing, open it; one-second breaks without jitter.
+fn builder() -> CircuitBreakerBuilder {
+    CircuitBreaker::builder()
+        .min_throughput(10)
+        .failure_ratio(0.5)
+        .window(Duration::from_secs(10))
+        .break_duration(BREAK)
+        .max_break_duration(Duration::from_secs(8))
+        .jitter(0.0)
+        .seed(1)
+}
+
+fn service(breaker: &CircuitBreaker) -> (Svc, Handle<Req, Res>) {
+    let (mock, handle) = mock::pair();
+    (
+        CircuitBreakerLayer::new(breaker.clone()).layer(mock),
+        handle,
+    )
+}
+
+fn response(status: u16) -> Res {
+    let mut response = Response::new(());
+    *response.status_mut() = StatusCode::from_u16(status).expect("status");
+    response
+}
+
+/// One call that reaches the inner service, which answers `status`.
+async fn exchange(svc: &mut Svc, handle: &mut Handle<Req, Res>, status: u16) -> Res {
+    let future = svc.ready().await.expect("ready").call(Request::new(()));
+    let (_, send) = next_request(handle).await;
+    send.send_response(response(status));
+    future.await.expect("a response")
+}
+
+/// The next request to reach the inner service; fails (rather than hangs) if none does.
+async fn next_request(handle: &mut Handle<Req, Res>) -> (Req, mock::SendResponse<Res>) {
+    tokio::time::timeout(Duration::from_secs(3600), handle.next_request())
+        .await
+        .expect("no request reached the service")
+        .expect("mock alive")
+}
+
+/// One call that the breaker refuses; the inner service must not see it.
+async fn refused(svc: &mut Svc, handle: &mut Handle<Req, Res>) -> CircuitOpen {
+    let error = svc
+        .ready()
+        .await
+        .expect("ready")
+        .call(Request::new(()))
+        .await
+        .expect_err("refused");
+    assert!(
+        handle.poll_request().is_pending(),
+        "no request may reach the service while the circuit refuses calls"
+    );
+    error
+        .downcast_ref::<CircuitOpen>()
+        .expect("a CircuitOpen")
+        .clone()
+}
+
+/// Fails calls until the circuit opens (at most ten calls).
+async fn trip(svc: &mut Svc, handle: &mut Handle<Req, Res>, breaker: &CircuitBreaker) {
+    for _ in 0..10 {
+        if breaker.state() != CircuitState::Closed {
+            break;
+        }
+        exchange(svc, handle, 503).await;
+    }
+    assert_eq!(breaker.state(), CircuitState::Open);
+}
+
+#[tokio::test(start_paused = true)]
+async fn opens_once_the_failure_ratio_is_reached_with_min_throughput() {
+    let breaker = builder().build().expect("config");
+    let (mut svc, mut handle) = service(&breaker);
+    for _ in 0..5 {
+        exchange(&mut svc, &mut handle, 200).await;
+    }
+    for _ in 0..4 {
+        exchange(&mut svc, &mut handle, 500).await;
+    }
+    assert_eq!(breaker.state(), CircuitState::Closed);
+    exchange(&mut svc, &mut handle, 502).await;
+    assert_eq!(breaker.state(), CircuitState::Open);
+    let stats = breaker.stats();
+    assert_eq!((stats.calls, stats.failures, stats.transitions), (10, 5, 1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn stays_closed_below_min_throughput() {
+    let breaker = builder().build().expect("config");
+    let (mut svc, mut handle) = service(&breaker);
+    for _ in 0..9 {
+        exchange(&mut svc, &mut handle, 503).await;
+    }
+    assert_eq!(breaker.state(), CircuitState::Closed);
+    // Once the failures have left the window, nine more do not open it either.
+    advance(Duration::from_secs(10)).await;
+    for _ in 0..9 {
+        exchange(&mut svc, &mut handle, 503).await;
+    }
+    assert_eq!(breaker.state(), CircuitState::Closed);
+}
+
+#[tokio::test(start_paused = true)]
+async fn while_open_the_inner_service_is_never_called() {
+    let breaker = builder().build().expect("config");
+    let (mut svc, mut handle) = service(&breaker);
+    trip(&mut svc, &mut handle, &breaker).await;
+    for i in 0..20u32 {
+        let open = refused(&mut svc, &mut handle).await;
+        assert_eq!(open.state(), CircuitState::Open);
+        assert_eq!(open.remaining(), BREAK - MS * 10 * i);
+        advance(MS * 10).await;
+    }
+    let stats = breaker.stats();
+    assert_eq!((stats.calls, stats.rejected), (10, 20));
+}
+
+#[tokio::test(start_paused = true)]
+async fn after_the_break_one_probe_passes_and_its_success_closes() {
+    let breaker = builder().build().expect("config");
+    let (mut svc, mut handle) = service(&breaker);
+    trip(&mut svc, &mut handle, &breaker).await;
+    advance(BREAK - MS).await;
+    refused(&mut svc, &mut handle).await;
+    advance(MS).await;
+    assert_eq!(breaker.state(), CircuitState::HalfOpen);
+
+    let probe = svc.ready().await.expect("ready").call(Request::new(()));
+    let (_, send) = next_request(&mut handle).await;
+    // While the probe is in flight, other calls are refused.
+    let open = refused(&mut svc, &mut handle).await;
+    assert_eq!(open.state(), CircuitState::HalfOpen);
+    send.send_response(response(200));
+    probe.await.expect("probe response");
+    assert_eq!(breaker.state(), CircuitState::Closed);
+    exchange(&mut svc, &mut handle, 200).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_probe_reopens_for_a_doubled_break() {
+    let breaker = builder().build().expect("config");
+    let (mut svc, mut handle) = service(&breaker);
+    trip(&mut svc, &mut handle, &breaker).await;
+    advance(BREAK).await;
+    let mut length = BREAK;
+    for _ in 0..3 {
+        // Half-open: the probe fails.
+        exchange(&mut svc, &mut handle, 503).await;
+        assert_eq!(breaker.state(), CircuitState::Open);
+        length *= 2;
+        assert_eq!(refused(&mut svc, &mut handle).await.remaining(), length);
+        advance(length - MS).await;
+        assert_eq!(breaker.state(), CircuitState::Open);
+        refused(&mut svc, &mut handle).await;
+        advance(MS).await;
+        assert_eq!(breaker.state(), CircuitState::HalfOpen);
+    }
+    // A successful probe closes and brings the break back to its base.
+    exchange(&mut svc, &mut handle, 200).await;
+    assert_eq!(breaker.state(), CircuitState::Closed);
+    trip(&mut svc, &mut handle, &breaker).await;
+    assert_eq!(refused(&mut svc, &mut handle).await.remaining(), BREAK);
+}
+
+#[tokio::test(start_paused = true)]
+async fn exactly_probes_of_a_hundred_concurrent_callers_reach_the_service() {
+    let breaker = builder().probes(3).build().expect("config");
+    let (mut svc, mut handle) = service(&breaker);
+    trip(&mut svc, &mut handle, &breaker).await;
+    advance(BREAK).await;
+
+    let tasks: Vec<_> = (0..100)
+        .map(|_| {
+            let mut svc = svc.clone();
+            tokio::spawn(async move { svc.ready().await?.call(Request::new(())).await })
+        })
+        .collect();
+    let mut probes = Vec::new();
+    while probes.len() < 3 {
+        probes.push(next_request(&mut handle).await);
+    }
+    // Let every task run to its verdict; none other may reach the service.
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    assert!(
+        handle.poll_request().is_pending(),
+        "a fourth call got through"
+    );
+    for (_, send) in probes {
+        send.send_response(response(200));
+    }
+    let (mut passed, mut refused) = (0, 0);
+    for task in tasks {
+        match task.await.expect("task") {
+            Ok(_) => passed += 1,
+            Err(error) => {
+                assert!(error.is::<CircuitOpen>(), "{error}");
+                refused += 1;
+            }
+        }
+    }
+    assert_eq!((passed, refused), (3, 97));
+    assert_eq!(breaker.state(), CircuitState::Closed);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dropped_probe_frees_its_slot() {
+    let breaker = builder().build().expect("config");
+    let (mut svc, mut handle) = service(&breaker);
+    trip(&mut svc, &mut handle, &breaker).await;
+    advance(BREAK).await;
+
+    let probe = svc.ready().await.expect("ready").call(Request::new(()));
+    let (_, _abandoned) = next_request(&mut handle).await;
+    refused(&mut svc, &mut handle).await;
+    drop(probe);
+    assert_eq!(breaker.state(), CircuitState::HalfOpen);
+    // The slot is free again: the next call is the probe, and closes the circuit.
+    exchange(&mut svc, &mut handle, 200).await;
+    assert_eq!(breaker.state(), CircuitState::Closed);
+}
+
+#[tokio::test(start_paused = true)]
+async fn isolate_and_reset() {
+    let breaker = builder().build().expect("config");
+    let (mut svc, mut handle) = service(&breaker);
+    assert_eq!(
+        breaker.isolate(),
+        Some(Transition {
+            from: CircuitState::Closed,
+            to: CircuitState::Isolated
+        })
+    );
+    let open = refused(&mut svc, &mut handle).await;
+    assert_eq!(
+        (open.state(), open.remaining()),
+        (CircuitState::Isolated, Duration::ZERO)
+    );
+    advance(Duration::from_secs(3600)).await;
+    assert_eq!(breaker.state(), CircuitState::Isolated);
+    refused(&mut svc, &mut handle).await;
+
+    assert!(breaker.reset().is_some());
+    assert_eq!(breaker.reset(), None);
+    exchange(&mut svc, &mut handle, 200).await;
+
+    // Reset also closes an open circuit at once.
+    trip(&mut svc, &mut handle, &breaker).await;
+    breaker.reset();
+    exchange(&mut svc, &mut handle, 200).await;
+    assert_eq!(breaker.stats().transitions, 4);
+}
+
+#[tokio::test(start_paused = true)]
+async fn transitions_reach_the_callback_and_subscribers_in_order() {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let breaker = builder()
+        .on_transition({
+            let seen = seen.clone();
+            move |t| seen.lock().expect("lock").push((t.from, t.to))
+        })
+        .build()
+        .expect("config");
+    let mut states = breaker.subscribe();
+    let (mut svc, mut handle) = service(&breaker);
+
+    trip(&mut svc, &mut handle, &breaker).await;
+    assert!(states.has_changed().expect("sender alive"));
+    assert_eq!(*states.borrow_and_update(), CircuitState::Open);
+    advance(BREAK).await;
+    exchange(&mut svc, &mut handle, 200).await;
+    assert_eq!(*states.borrow_and_update(), CircuitState::Closed);
+
+    use CircuitState::{Closed, HalfOpen, Open};
+    assert_eq!(
+        *seen.lock().expect("lock"),
+        [(Closed, Open), (Open, HalfOpen), (HalfOpen, Closed)]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn client_errors_do_not_open_the_circuit() {
+    let breaker = builder().build().expect("config");
+    let (mut svc, mut handle) = service(&breaker);
+    for status in [400, 401, 403, 404, 409, 422].repeat(5) {
+        exchange(&mut svc, &mut handle, status).await;
+    }
+    assert_eq!(breaker.state(), CircuitState::Closed);
+    assert_eq!(breaker.stats().failures, 0);
+    // Nor do they dilute the failures of a dependency that is failing: ten 503s among
+    // thirty 404s still open it.
+    for _ in 0..10 {
+        exchange(&mut svc, &mut handle, 503).await;
+    }
+    assert_eq!(breaker.state(), CircuitState::Open);
+}
+
+#[tokio::test(start_paused = true)]
+async fn inner_errors_count_but_a_nested_circuit_open_does_not() {
+    let breaker = builder().build().expect("config");
+    let (mut svc, mut handle) = service(&breaker);
+    for _ in 0..20 {
+        let future = svc.ready().await.expect("ready").call(Request::new(()));
+        let (_, send) = next_request(&mut handle).await;
+        send.send_error(CircuitOpen::new(BREAK));
+        let error: BoxError = future.await.expect_err("error passed through");
+        assert!(error.is::<CircuitOpen>());
+    }
+    assert_eq!(breaker.state(), CircuitState::Closed);
+    for _ in 0..10 {
+        let future = svc.ready().await.expect("ready").call(Request::new(()));
+        let (_, send) = next_request(&mut handle).await;
+        send.send_error(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        future.await.expect_err("error passed through");
+    }
+    assert_eq!(breaker.state(), CircuitState::Open);
+}
+
+#[tokio::test(start_paused = true)]
+async fn wait_when_open_holds_poll_ready_until_the_break_is_over() {
+    let breaker = builder().wait_when_open(true).build().expect("config");
+    let (mut svc, mut handle) = service(&breaker);
+    trip(&mut svc, &mut handle, &breaker).await;
+    let ready = poll_fn(|cx| Poll::Ready(svc.poll_ready(cx))).await;
+    assert!(ready.is_pending());
+
+    let start = Instant::now();
+    let waiter = tokio::spawn(async move {
+        svc.ready().await.expect("ready");
+        (svc, Instant::now())
+    });
+    tokio::time::sleep(BREAK - MS).await;
+    assert!(!waiter.is_finished());
+    let (mut svc, woke) = waiter.await.expect("waiter");
+    assert_eq!(woke - start, BREAK);
+    exchange(&mut svc, &mut handle, 200).await;
+    assert_eq!(breaker.state(), CircuitState::Closed);
+
+    // Isolated: waits until reset.
+    breaker.isolate();
+    let waiter = tokio::spawn(async move {
+        svc.ready().await.expect("ready");
+    });
+    tokio::time::sleep(Duration::from_secs(3600)).await;
+    assert!(!waiter.is_finished());
+    breaker.reset();
+    waiter.await.expect("woken by reset");
+}
+
+#[tokio::test(start_paused = true)]
+async fn wait_when_open_wakes_when_a_probe_slot_frees() {
+    let breaker = builder().wait_when_open(true).build().expect("config");
+    let (mut svc, mut handle) = service(&breaker);
+    trip(&mut svc, &mut handle, &breaker).await;
+    advance(BREAK).await;
+    let probe = svc.ready().await.expect("ready").call(Request::new(()));
+    let (_, _send) = next_request(&mut handle).await;
+
+    let mut other = svc.clone();
+    let waiter = tokio::spawn(async move {
+        other.ready().await.expect("ready");
+    });
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert!(!waiter.is_finished(), "the only probe slot is taken");
+    drop(probe);
+    waiter.await.expect("woken when the probe was dropped");
+}
