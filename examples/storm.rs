@@ -16,7 +16,8 @@
 //!    people write by hand;
 //! 2. **tower**: `tower::retry::Retry` with tower's `ExponentialBackoff` and a
 //!    `TpsBudget` (20% plus 10 retries a second, linkerd's and Finagle's defaults);
-//! 3. **stormguard**: [`RetryLayer`] with full jitter and a shared [`RetryBudget`].
+//! 3. **stormguard**: [`RetryLayer`] with full jitter and a shared [`RetryBudget`],
+//!    over a [`CircuitBreaker`] that fails fast while the dependency is down.
 //!
 //! Every strategy has the same per-attempt timeout, innermost.
 //!
@@ -30,7 +31,9 @@
 //! longer than the client's timeout, the server spends all its capacity on answers
 //! nobody waits for, and the timeouts cause yet more retries. The outage is over but
 //! the dependency stays down, held there by its own clients: a metastable failure. A
-//! budget keeps the attempts close to the original load, so the queue never fills.
+//! budget keeps the attempts close to the original load, so the queue never fills; a
+//! circuit breaker goes further and stops calling a dependency that is down, sending
+//! one probe now and then to find out when it is back.
 //!
 //! The run prints one row per strategy and draws attempts per second at the server
 //! over time in an SVG (`target/storm.svg` by default).
@@ -52,7 +55,10 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use stormguard::{Backoff, BoxError, Jitter, RetryBudget, RetryLayer, RetryPolicy};
+use stormguard::{
+    Backoff, BoxError, CircuitBreaker, CircuitBreakerLayer, Jitter, RetryBudget, RetryLayer,
+    RetryPolicy,
+};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
@@ -464,6 +470,7 @@ enum Strategy {
     },
     Stormguard {
         policy: RetryPolicy,
+        breaker: CircuitBreaker,
     },
 }
 
@@ -496,7 +503,17 @@ impl Strategy {
                     .budget(budget)
                     .seed(scenario.seed)
                     .build()?;
-                Strategy::Stormguard { policy }
+                // Scaled to a demo whose outage lasts seconds: short breaks, so that a
+                // probe finds the dependency soon after it is back.
+                let breaker = CircuitBreaker::builder()
+                    .failure_ratio(0.5)
+                    .window(Duration::from_secs(2))
+                    .min_throughput(20)
+                    .break_duration(Duration::from_millis(100))
+                    .max_break_duration(Duration::from_millis(500))
+                    .seed(scenario.seed)
+                    .build()?;
+                Strategy::Stormguard { policy, breaker }
             }
         })
     }
@@ -521,12 +538,10 @@ impl Strategy {
                 TowerPolicy::new(3, budget.clone(), backoff.clone().make_backoff()),
                 ServiceBuilder::new().layer(timeout).service(http),
             )),
-            Strategy::Stormguard { policy } => BoxCloneService::new(
+            Strategy::Stormguard { policy, breaker } => BoxCloneService::new(
                 ServiceBuilder::new()
                     .layer(RetryLayer::new(policy.clone()))
-                    // BREAKER: `.layer(CircuitBreakerLayer::new(breaker.clone()))` goes
-                    // here, between the retry and the per-attempt timeout, once the
-                    // `breaker` branch is merged.
+                    .layer(CircuitBreakerLayer::new(breaker.clone()))
                     .layer(timeout)
                     .service(http),
             ),
@@ -535,7 +550,10 @@ impl Strategy {
 
     /// Circuit breaker transitions, for the strategies that have a breaker.
     fn transitions(&self) -> Option<u64> {
-        None
+        match self {
+            Strategy::Stormguard { breaker, .. } => Some(breaker.stats().transitions),
+            Strategy::Naive | Strategy::Tower { .. } => None,
+        }
     }
 }
 
@@ -969,7 +987,7 @@ fn draw_svg(path: &Path, scenario: &Scenario, reports: &[Report]) -> Result<(), 
         ))?
         .label("server capacity")
         .legend(|(x, y)| PathElement::new([(x, y), (x + 16, y)], BLACK.mix(0.6)));
-    for (report, colour) in reports.iter().zip([RED, BLUE, GREEN]) {
+    for (report, colour) in reports.iter().zip([RED, BLUE, RGBColor(0, 150, 60)]) {
         let points = report.rate.iter().copied().filter(|&(x, _)| x <= x_end);
         chart
             .draw_series(LineSeries::new(points, colour.stroke_width(2)))?
