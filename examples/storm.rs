@@ -606,8 +606,13 @@ impl<E> Policy<Req, Res, E> for NaivePolicy {
     }
 }
 
-/// tower's own parts, put together as tower's documentation suggests: an attempt cap,
-/// `ExponentialBackoff` and a `TpsBudget` that every original request deposits into.
+/// tower's own parts: an attempt cap, `ExponentialBackoff`, and a `TpsBudget` used the
+/// way Finagle and linkerd use theirs (every original request deposits, every retry
+/// withdraws).
+///
+/// Each request's copy of the policy starts from a clone of one `ExponentialBackoff`,
+/// random generator included, so every request draws the same jitter sequence: that is
+/// how tower's backoff behaves when shared this way, and part of what is compared.
 #[derive(Debug, Clone)]
 struct TowerPolicy {
     max_attempts: u32,
