@@ -6,49 +6,19 @@
 //!
 //! `cargo bench --bench overhead` (or `-- --quick` for a short run)
 
-use std::future::{ready, Ready};
 use std::hint::black_box;
 use std::time::Duration;
 
-use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion};
-use http::{Request, Response};
-use http_body_util::Full;
 use stormguard::{CircuitBreaker, CircuitBreakerLayer, RetryLayer, RetryPolicy};
 use tower::retry::budget::{Budget, TpsBudget};
 use tower::retry::Policy;
-use tower::{service_fn, BoxError, Service, ServiceBuilder, ServiceExt};
+use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
 
-type Req = Request<Full<Bytes>>;
-type Res = Response<Full<Bytes>>;
+#[path = "../tests/support/stacks.rs"]
+mod stacks;
 
-fn request() -> Req {
-    Request::get("http://upstream/items/7")
-        .body(Full::new(Bytes::from_static(b"{}")))
-        .expect("request")
-}
-
-fn upstream(
-) -> impl Service<Req, Response = Res, Error = BoxError, Future = Ready<Result<Res, BoxError>>> + Clone
-{
-    service_fn(|_req: Req| ready(Ok(Response::new(Full::new(Bytes::from_static(b"ok"))))))
-}
-
-/// The least a tower retry policy can do: clone the request, never retry.
-#[derive(Clone)]
-struct NeverRetry;
-
-impl<E> Policy<Req, Res, E> for NeverRetry {
-    type Future = Ready<()>;
-
-    fn retry(&mut self, _: &mut Req, _: &mut Result<Res, E>) -> Option<Self::Future> {
-        None
-    }
-
-    fn clone_request(&mut self, req: &Req) -> Option<Req> {
-        Some(req.clone())
-    }
-}
+use stacks::{request, upstream, NeverRetry, Req, Res};
 
 /// A tower policy as users write one with `TpsBudget`: deposit for every request that
 /// succeeded, withdraw for every retry.

@@ -5,49 +5,18 @@
 //! This file holds a single test, so that no other test allocates while it counts.
 
 use std::alloc::System;
-use std::future::{ready, Ready};
 
-use bytes::Bytes;
-use http::{Request, Response};
-use http_body_util::Full;
 use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
 use stormguard::{CircuitBreaker, CircuitBreakerLayer, RetryLayer, RetryPolicy};
-use tower::retry::Policy;
-use tower::{service_fn, BoxError, Service, ServiceBuilder, ServiceExt};
+use tower::{Service, ServiceBuilder, ServiceExt};
 
 #[global_allocator]
 static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
 
-type Req = Request<Full<Bytes>>;
-type Res = Response<Full<Bytes>>;
+#[path = "support/stacks.rs"]
+mod stacks;
 
-fn request() -> Req {
-    Request::get("http://upstream/items/7")
-        .body(Full::new(Bytes::from_static(b"{}")))
-        .expect("request")
-}
-
-fn upstream(
-) -> impl Service<Req, Response = Res, Error = BoxError, Future = Ready<Result<Res, BoxError>>> + Clone
-{
-    service_fn(|_req: Req| ready(Ok(Response::new(Full::new(Bytes::from_static(b"ok"))))))
-}
-
-/// Tower's minimal retry policy: clone the request, never retry.
-#[derive(Clone)]
-struct NeverRetry;
-
-impl<E> Policy<Req, Res, E> for NeverRetry {
-    type Future = Ready<()>;
-
-    fn retry(&mut self, _: &mut Req, _: &mut Result<Res, E>) -> Option<Self::Future> {
-        None
-    }
-
-    fn clone_request(&mut self, req: &Req) -> Option<Req> {
-        Some(req.clone())
-    }
-}
+use stacks::{request, upstream, NeverRetry, Req, Res};
 
 /// Mean allocations of one call (request built and sent, response dropped).
 fn allocations_per_call<S>(rt: &tokio::runtime::Runtime, svc: S) -> f64

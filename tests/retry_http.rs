@@ -22,6 +22,9 @@ use stormguard::{Attempts, Backoff, Jitter, ReplayBody, RetryLayer, RetryPolicy}
 use tokio::net::TcpListener;
 use tower::{BoxError, ServiceBuilder, ServiceExt};
 
+#[path = "support/server.rs"]
+mod server;
+
 type Handler = Arc<
     dyn Fn(usize, Bytes) -> Pin<Box<dyn Future<Output = Response<Full<Bytes>>> + Send>>
         + Send
@@ -29,39 +32,27 @@ type Handler = Arc<
 >;
 
 /// A server on 127.0.0.1:0 that hands each request (its 0-based number and whole body)
-/// to `handler`. It serves HTTP/1.1 and HTTP/2 (prior knowledge) alike.
+/// to `handler`, and counts the requests it saw.
 async fn serve(handler: Handler) -> (SocketAddr, Arc<AtomicUsize>) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
     let seen = Arc::new(AtomicUsize::new(0));
     let counter = seen.clone();
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                return;
-            };
+    let addr = server::serve(move || {
+        let (handler, counter) = (handler.clone(), counter.clone());
+        hyper::service::service_fn(move |req: Request<Incoming>| {
             let handler = handler.clone();
-            let counter = counter.clone();
-            let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-                let handler = handler.clone();
-                let n = counter.fetch_add(1, Ordering::SeqCst);
-                async move {
-                    let body = req
-                        .into_body()
-                        .collect()
-                        .await
-                        .map(|b| b.to_bytes())
-                        .unwrap_or_default();
-                    Ok::<_, Infallible>(handler(n, body).await)
-                }
-            });
-            tokio::spawn(async move {
-                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
-            });
-        }
-    });
+            let n = counter.fetch_add(1, Ordering::SeqCst);
+            async move {
+                let body = req
+                    .into_body()
+                    .collect()
+                    .await
+                    .map(|b| b.to_bytes())
+                    .unwrap_or_default();
+                Ok::<_, Infallible>(handler(n, body).await)
+            }
+        })
+    })
+    .await;
     (addr, seen)
 }
 

@@ -8,14 +8,15 @@ use std::time::Duration;
 
 use http::uri::PathAndQuery;
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo};
 use stormguard::{Backoff, Jitter, ReplayBody, RetryLayer, RetryPolicy};
-use tokio::net::TcpListener;
 use tonic::body::Body;
 use tonic::codegen::tokio_stream;
 use tonic::{Request, Response, Status, Streaming};
 use tonic_prost::ProstCodec;
 use tower::{service_fn, Service, ServiceBuilder};
+
+#[path = "support/server.rs"]
+mod server;
 
 /// One piece of an upload (written by hand: no protoc needed).
 #[derive(Clone, PartialEq, prost::Message)]
@@ -38,48 +39,36 @@ const PATH: &str = "/stormguard.test.Upload/Send";
 /// Serves `Upload/Send` on 127.0.0.1:0. Each call reads the whole stream and records
 /// what it got; the first `failures` calls then answer UNAVAILABLE.
 async fn serve(failures: usize) -> (String, Arc<Mutex<Vec<Summary>>>) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
     let received = Arc::new(Mutex::new(Vec::new()));
     let calls = Arc::new(AtomicUsize::new(0));
     let log = received.clone();
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                return;
-            };
+    let addr = server::serve(move || {
+        let (log, calls) = (log.clone(), calls.clone());
+        hyper::service::service_fn(move |req: http::Request<Incoming>| {
             let (log, calls) = (log.clone(), calls.clone());
-            let http = hyper::service::service_fn(move |req: http::Request<Incoming>| {
-                let (log, calls) = (log.clone(), calls.clone());
-                async move {
-                    let handler = service_fn(move |req: Request<Streaming<Chunk>>| {
-                        let (log, calls) = (log.clone(), calls.clone());
-                        async move {
-                            let mut stream = req.into_inner();
-                            let mut got = Summary::default();
-                            while let Some(chunk) = stream.message().await? {
-                                got.messages += 1;
-                                got.bytes += chunk.data.len() as u64;
-                            }
-                            log.lock().expect("lock").push(got.clone());
-                            if calls.fetch_add(1, Ordering::SeqCst) < failures {
-                                return Err(Status::unavailable("warming up"));
-                            }
-                            Ok::<_, Status>(Response::new(got))
+            async move {
+                let handler = service_fn(move |req: Request<Streaming<Chunk>>| {
+                    let (log, calls) = (log.clone(), calls.clone());
+                    async move {
+                        let mut stream = req.into_inner();
+                        let mut got = Summary::default();
+                        while let Some(chunk) = stream.message().await? {
+                            got.messages += 1;
+                            got.bytes += chunk.data.len() as u64;
                         }
-                    });
-                    let mut grpc =
-                        tonic::server::Grpc::new(ProstCodec::<Summary, Chunk>::default());
-                    Ok::<_, Infallible>(grpc.client_streaming(handler, req.map(Body::new)).await)
-                }
-            });
-            tokio::spawn(async move {
-                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(stream), http)
-                    .await;
-            });
-        }
-    });
+                        log.lock().expect("lock").push(got.clone());
+                        if calls.fetch_add(1, Ordering::SeqCst) < failures {
+                            return Err(Status::unavailable("warming up"));
+                        }
+                        Ok::<_, Status>(Response::new(got))
+                    }
+                });
+                let mut grpc = tonic::server::Grpc::new(ProstCodec::<Summary, Chunk>::default());
+                Ok::<_, Infallible>(grpc.client_streaming(handler, req.map(Body::new)).await)
+            }
+        })
+    })
+    .await;
     (format!("http://{addr}"), received)
 }
 
