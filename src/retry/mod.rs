@@ -293,14 +293,14 @@ impl RetryPolicy {
         &self,
         req: &Request<B>,
         grpc: bool,
-        unseen: bool,
+        safe_for_any_method: bool,
         after: Option<Duration>,
     ) -> Result<Option<Duration>, GiveUp> {
         let shared = &*self.shared;
         if req.extensions().get::<NoRetry>().is_some() {
             return Err(GiveUp::Disabled);
         }
-        let safe = unseen
+        let safe = safe_for_any_method
             || is_idempotent(req.method(), req.headers())
             || req.extensions().get::<Idempotent>().is_some();
         if !safe {
@@ -538,8 +538,10 @@ where
         self.attempts += 1;
         let attempts = self.attempts;
         let grpc = is_grpc(req);
-        // Whether the failure proves the request never reached the application.
-        let (class, unseen) = match result {
+        // Whether repeating the request is safe whatever its method: the failure proves
+        // the application never saw it, or gRPC declared its code retryable (gRFC A6
+        // leaves that judgement to the configured codes).
+        let (class, safe_for_any_method) = match result {
             Ok(res) => {
                 // The wall clock matters only for an HTTP-date Retry-After.
                 let now = match res.status().as_u16() {
@@ -547,8 +549,7 @@ where
                     _ => SystemTime::UNIX_EPOCH,
                 };
                 let class = self.shared.rules.classify(res.status(), res.headers(), now);
-                let grpc_code = grpc && grpc_status(res.headers()).is_some();
-                (class, grpc_code)
+                (class, grpc && grpc_status(res.headers()).is_some())
             }
             Err(err) => match classify_error(err) {
                 ErrorClass::NotSent => (Class::Retryable { after: None }, true),
@@ -563,7 +564,7 @@ where
             Class::Success => return self.finish(result, attempts, None),
             Class::Permanent => Err(GiveUp::Permanent),
             Class::DontRetry => Err(GiveUp::Pushback),
-            Class::Retryable { after } => self.may_retry(req, grpc, unseen, after),
+            Class::Retryable { after } => self.may_retry(req, grpc, safe_for_any_method, after),
         };
         let after = match decision {
             Ok(after) => after,
