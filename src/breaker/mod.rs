@@ -134,6 +134,7 @@ pub use layer::CircuitBreakerLayer;
 pub use stormguard_core::breaker::{CircuitState, Transition};
 
 use self::future::ResponseFuture;
+use crate::error_class::ErrorClass;
 use crate::BoxError;
 use stormguard_core::classify::{GrpcCodeSet, StatusSet};
 use stormguard_core::ConfigError;
@@ -432,15 +433,13 @@ impl CircuitBreaker {
         }
     }
 
+    /// Every error is the dependency's failure, but a nested breaker's refusal, which
+    /// that breaker has already counted.
     fn classify_error(error: &(dyn std::error::Error + 'static)) -> Outcome {
-        let mut source = Some(error);
-        while let Some(err) = source {
-            if err.is::<CircuitOpen>() {
-                return Outcome::Ignored;
-            }
-            source = err.source();
+        match crate::error_class::classify_chain(error) {
+            ErrorClass::CircuitOpen => Outcome::Ignored,
+            _ => Outcome::Failure,
         }
-        Outcome::Failure
     }
 
     /// Tells everyone about a transition.
