@@ -391,3 +391,57 @@ async fn wait_when_open_wakes_when_a_probe_slot_frees() {
     drop(probe);
     waiter.await.expect("woken when the probe was dropped");
 }
+
+#[tokio::test(start_paused = true)]
+async fn with_retry_outside_an_open_circuit_comes_back_at_once_not_retried() {
+    use stormguard::{Backoff, Jitter, RetryLayer, RetryPolicy};
+
+    // Two failures in two calls open the circuit; the retry layer would try five times.
+    let breaker = builder().min_throughput(2).build().expect("breaker");
+    let policy = RetryPolicy::builder()
+        .max_attempts(5)
+        .backoff(Backoff::new(100 * MS, BREAK, Jitter::None).expect("backoff"))
+        .build()
+        .expect("policy");
+    let (mock, mut handle) = mock::pair::<Req, Res>();
+    let client = tower::ServiceBuilder::new()
+        .layer(RetryLayer::new(policy.clone()))
+        .layer(CircuitBreakerLayer::new(breaker.clone()))
+        .service(mock);
+
+    let started = Instant::now();
+    let call = tokio::spawn(client.oneshot(Request::new(())));
+    for _ in 0..2 {
+        let (_, send) = next_request(&mut handle).await;
+        send.send_response(response(503));
+    }
+    // The third attempt meets the open circuit: the caller gets CircuitOpen after the
+    // one backoff that preceded it, and the service sees nothing more.
+    let error = call
+        .await
+        .expect("task")
+        .expect_err("the open circuit comes back");
+    assert!(error.is::<CircuitOpen>(), "{error}");
+    assert_eq!(Instant::now() - started, 300 * MS);
+    assert!(
+        !matches!(handle.poll_request(), Poll::Ready(Some(_))),
+        "a third request reached the service"
+    );
+    assert_eq!(policy.stats().retries, 2);
+    assert_eq!(breaker.stats().rejected, 1);
+
+    // While it stays open, new calls fail without any wait at all.
+    let (mock, _handle) = mock::pair::<Req, Res>();
+    let again = tower::ServiceBuilder::new()
+        .layer(RetryLayer::new(policy.clone()))
+        .layer(CircuitBreakerLayer::new(breaker.clone()))
+        .service(mock);
+    let started = Instant::now();
+    let error = again
+        .oneshot(Request::new(()))
+        .await
+        .expect_err("fails fast");
+    assert!(error.is::<CircuitOpen>(), "{error}");
+    assert_eq!(Instant::now(), started);
+    assert_eq!(policy.stats().retries, 2);
+}
