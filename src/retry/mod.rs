@@ -8,7 +8,7 @@
 //!    `Idempotency-Key`, the call is gRPC with a retryable code, or the failure proves
 //!    the server never saw the request (connection refused, h2 `REFUSED_STREAM`,
 //!    GOAWAY);
-//! 3. attempts are left ([3] including the first; gRPC calls at most 5, gRFC A6);
+//! 3. attempts are left (3 by default, including the first; gRPC calls at most 5, gRFC A6);
 //! 4. the body can be sent again (see [`ReplayBody`](crate::ReplayBody));
 //! 5. the server's `Retry-After` or `grpc-retry-pushback-ms` is not longer than
 //!    `max_retry_after` [the backoff cap];
@@ -22,6 +22,17 @@
 //! Every give-up is reported with its reason (a `tracing` event on target
 //! `stormguard::retry` and a [`RetryStats`] counter), and every final response carries
 //! an [`Attempts`] extension.
+//!
+//! # Which errors are recognised
+//!
+//! An error is inspected when it is a [`BoxError`](crate::BoxError) (what tower's
+//! timeout, stormguard's breaker and most middleware return) or one of hyper's,
+//! hyper-util's, h2's, `std::io`'s or tower's `Elapsed`; its `source()` chain is then
+//! walked for the causes listed in the crate's error classification (connect errors,
+//! refused connections, h2 `REFUSED_STREAM` and GOAWAY, resets, timeouts). An error of
+//! another concrete type, say `tonic::transport::Error` with a `Channel` directly under
+//! the retry layer, cannot be looked into and is not retried: put a layer that boxes
+//! errors below the retry (the per-attempt timeout does), or `.map_err(BoxError::from)`.
 //!
 //! # Per-request control
 //!
@@ -433,7 +444,7 @@ impl Default for RetryPolicyBuilder {
 }
 
 impl RetryPolicyBuilder {
-    /// Attempts per request, the first included, from 1 to 100 [3]. gRPC calls are
+    /// Attempts per request, the first included, from 1 to 100 \[3\]. gRPC calls are
     /// further capped at 5 (gRFC A6).
     pub fn max_attempts(mut self, attempts: u32) -> Self {
         self.max_attempts = attempts;
@@ -459,7 +470,7 @@ impl RetryPolicyBuilder {
         self
     }
 
-    /// The gRPC codes worth another attempt [UNAVAILABLE].
+    /// The gRPC codes worth another attempt \[UNAVAILABLE\].
     pub fn retryable_grpc_codes(mut self, codes: stormguard_core::classify::GrpcCodeSet) -> Self {
         self.rules.retryable_grpc_codes = codes;
         self

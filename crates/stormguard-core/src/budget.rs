@@ -279,7 +279,7 @@ impl RetryBudgetBuilder {
     }
 
     /// Retries per second allowed even with no deposits, so that a client making few
-    /// requests can still retry some [1].
+    /// requests can still retry some \[1\].
     pub fn min_per_sec(mut self, min_per_sec: u32) -> Self {
         self.min_per_sec = min_per_sec;
         self
