@@ -6,7 +6,7 @@ mod error_class;
 pub mod retry;
 mod tower_budget;
 
-pub use body::ReplayBody;
+pub use body::{NotReplayable, ReplayBody};
 pub use breaker::{BreakerStats, CircuitBreaker, CircuitBreakerLayer, CircuitOpen};
 pub use retry::{
     Attempts, GiveUp, Idempotent, NoRetry, RetryLayer, RetryPolicy, RetryPolicyBuilder, RetryStats,

@@ -12,6 +12,11 @@
 //! is simply not retried. The same happens when the response arrives before the body
 //! was completely sent, since the rest of the body was never read. The first attempt is
 //! never failed or altered by any of this.
+//!
+//! The price: with `replay_bodies()` each request allocates one shared buffer (an
+//! `Arc`) and an extension entry, and each frame of the first attempt takes an
+//! uncontended lock to be kept. Bodies that are `Clone` need none of it under the plain
+//! [`RetryLayer`](crate::RetryLayer).
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -22,6 +27,8 @@ use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
+use crate::BoxError;
+
 /// The default cap on the bytes kept to replay one request body: 64 KiB.
 pub const DEFAULT_MAX_REPLAY_BYTES: usize = 64 * 1024;
 
@@ -30,9 +37,11 @@ pin_project! {
     /// and keeps its frames (up to a cap); clones replay them.
     ///
     /// You rarely build one yourself: [`RetryLayer::replay_bodies`] wraps every request
-    /// body. For a client whose body type you choose (hyper-util's `Client<C, B>`), you
-    /// may also build requests with `ReplayBody::new` and use the plain
-    /// [`RetryLayer`].
+    /// body and lets the retry policy see whether it can be replayed, so that a request
+    /// whose body went over the cap, or was not sent to its end, is simply not retried.
+    /// A replay that is polled all the same (say a `ReplayBody` built by hand under the
+    /// plain [`RetryLayer`]) fails with [`NotReplayable`] rather than send a truncated
+    /// body as if it were whole.
     ///
     /// # Clone
     ///
@@ -51,7 +60,7 @@ pin_project! {
     /// assert_eq!(original.collect().await?.to_bytes(), "hello");
     /// assert!(replay.is_replayable());
     /// assert_eq!(replay.collect().await?.to_bytes(), "hello");
-    /// # Ok::<(), std::convert::Infallible>(())
+    /// # Ok::<(), stormguard::BoxError>(())
     /// # });
     /// # fn tokio_test_block_on<F: std::future::Future>(f: F) -> F::Output {
     /// #     tokio::runtime::Builder::new_current_thread().build().expect("runtime").block_on(f)
@@ -102,8 +111,7 @@ impl<B> ReplayBody<B> {
     /// Whether a clone can replay the whole body: the original was streamed to its end
     /// and fit under the cap.
     pub fn is_replayable(&self) -> bool {
-        let kept = self.kept();
-        kept.complete && !kept.abandoned
+        self.kept().is_replayable()
     }
 
     /// The bytes kept so far for replay.
@@ -149,6 +157,10 @@ impl<B> std::fmt::Debug for ReplayBody<B> {
 }
 
 impl Kept {
+    fn is_replayable(&self) -> bool {
+        self.complete && !self.abandoned
+    }
+
     fn keep(&mut self, data: &Bytes) {
         if self.abandoned {
             return;
@@ -170,21 +182,40 @@ impl Kept {
     }
 }
 
+/// The error a replay yields when there is nothing whole to replay: the original body
+/// was not sent to its end, or went over the cap. The retry layer does not retry such a
+/// request in the first place; this error is the safety net that keeps a replay from
+/// ever sending a truncated body as if it were complete.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct NotReplayable;
+
+impl std::fmt::Display for NotReplayable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("request body cannot be replayed: it was not sent to its end or exceeded the replay cap")
+    }
+}
+
+impl std::error::Error for NotReplayable {}
+
 impl<B> Body for ReplayBody<B>
 where
     B: Body,
+    B::Error: Into<BoxError>,
 {
     type Data = Bytes;
-    type Error = B::Error;
+    type Error = BoxError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.project();
-        let Some(inner) = this.inner.as_pin_mut() else {
-            // A replay: hand out what the original kept.
+        let Some(mut inner) = this.inner.as_pin_mut() else {
+            // A replay: hand out what the original kept, if it is the whole body.
             let kept = lock(this.shared);
+            if !kept.is_replayable() {
+                return Poll::Ready(Some(Err(NotReplayable.into())));
+            }
             if let Some(data) = kept.frames.get(*this.next_frame) {
                 *this.next_frame += 1;
                 return Poll::Ready(Some(Ok(Frame::data(data.clone()))));
@@ -197,7 +228,7 @@ where
             }
             return Poll::Ready(None);
         };
-        let frame = match inner.poll_frame(cx) {
+        let frame = match inner.as_mut().poll_frame(cx) {
             Poll::Pending => return Poll::Pending,
             Poll::Ready(None) => {
                 lock(this.shared).complete = true;
@@ -205,31 +236,30 @@ where
             }
             Poll::Ready(Some(Err(err))) => {
                 lock(this.shared).abandon();
-                return Poll::Ready(Some(Err(err)));
+                return Poll::Ready(Some(Err(err.into())));
             }
-            Poll::Ready(Some(Ok(frame))) => frame,
-        };
-        let frame = match frame.into_data() {
-            Ok(mut data) => {
-                let data = data.copy_to_bytes(data.remaining());
-                lock(this.shared).keep(&data);
-                Frame::data(data)
+            Poll::Ready(Some(Ok(frame))) => {
+                frame.map_data(|mut data| data.copy_to_bytes(data.remaining()))
             }
-            Err(frame) => match frame.into_trailers() {
-                Ok(trailers) => {
-                    let mut kept = lock(this.shared);
-                    if !kept.abandoned {
-                        kept.trailers = Some(trailers.clone());
-                    }
-                    Frame::trailers(trailers)
-                }
-                // A frame kind http-body may add later: passed on, but not replayable.
-                Err(_) => {
-                    lock(this.shared).abandon();
-                    return Poll::Ready(None);
-                }
-            },
         };
+        let mut kept = lock(this.shared);
+        if let Some(data) = frame.data_ref() {
+            kept.keep(data);
+            // hyper stops polling a body once it says it has ended, or once it has sent
+            // the length an exact size hint promised: either is the end.
+            if inner.is_end_stream() || inner.size_hint().exact() == Some(0) {
+                kept.complete = true;
+            }
+        } else if let Some(trailers) = frame.trailers_ref() {
+            if !kept.abandoned {
+                kept.trailers = Some(trailers.clone());
+            }
+            // Trailers are the last frame; hyper polls no further after sending them.
+            kept.complete = true;
+        } else {
+            // A frame kind http-body may add later: passed on, but not replayable.
+            kept.abandon();
+        }
         Poll::Ready(Some(Ok(frame)))
     }
 
@@ -246,7 +276,8 @@ where
             }
             None => {
                 let kept = self.kept();
-                self.next_frame >= kept.frames.len()
+                kept.is_replayable()
+                    && self.next_frame >= kept.frames.len()
                     && (self.trailers_sent || kept.trailers.is_none())
             }
         }
@@ -257,6 +288,9 @@ where
             Some(inner) => inner.size_hint(),
             None => {
                 let kept = self.kept();
+                if !kept.is_replayable() {
+                    return SizeHint::default();
+                }
                 let left: usize = kept
                     .frames
                     .iter()
@@ -275,8 +309,7 @@ pub(crate) struct ReplayHandle(Arc<Mutex<Kept>>);
 
 impl ReplayHandle {
     pub(crate) fn is_replayable(&self) -> bool {
-        let kept = lock(&self.0);
-        kept.complete && !kept.abandoned
+        lock(&self.0).is_replayable()
     }
 }
 
@@ -285,5 +318,109 @@ impl std::fmt::Debug for ReplayHandle {
         f.debug_tuple("ReplayHandle")
             .field(&*lock(&self.0))
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::VecDeque;
+    use std::convert::Infallible;
+
+    use http_body_util::{BodyExt, Full};
+
+    /// A streaming body that yields its frames one by one; it is not `Clone`.
+    struct Frames(VecDeque<Frame<Bytes>>);
+
+    impl Frames {
+        fn new(data: &[&'static str], trailers: Option<(&'static str, &'static str)>) -> Self {
+            let mut frames: VecDeque<_> = data
+                .iter()
+                .map(|d| Frame::data(Bytes::from_static(d.as_bytes())))
+                .collect();
+            if let Some((name, value)) = trailers {
+                let mut map = HeaderMap::new();
+                map.insert(name, http::HeaderValue::from_static(value));
+                frames.push_back(Frame::trailers(map));
+            }
+            Frames(frames)
+        }
+    }
+
+    impl Body for Frames {
+        type Data = Bytes;
+        type Error = Infallible;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+            Poll::Ready(self.0.pop_front().map(Ok))
+        }
+    }
+
+    /// Polls `body` for `n` frames only, as hyper does when it knows the body has ended.
+    async fn take_frames<B: Body<Error = BoxError> + Unpin>(
+        body: &mut B,
+        n: usize,
+    ) -> Vec<Frame<B::Data>> {
+        let mut out = Vec::new();
+        for _ in 0..n {
+            if let Some(frame) = body.frame().await {
+                out.push(frame.expect("frame"));
+            }
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn trailers_are_kept_and_end_the_body() {
+        let mut original = ReplayBody::new(Frames::new(&["ab", "cd"], Some(("x-sum", "7"))), 1024);
+        let replay = original.clone();
+        // Like hyper, stop after the trailers frame without polling for the end.
+        let sent = take_frames(&mut original, 3).await;
+        assert!(sent[2].is_trailers());
+        assert!(replay.is_replayable());
+        let again = replay.collect().await.expect("replay");
+        assert_eq!(
+            again.trailers().map(|t| &t["x-sum"]),
+            Some(&http::HeaderValue::from_static("7"))
+        );
+        assert_eq!(again.to_bytes(), "abcd");
+    }
+
+    #[tokio::test]
+    async fn an_exact_length_body_is_complete_once_sent() {
+        let mut original = ReplayBody::new(Full::new(Bytes::from_static(b"hello")), 1024);
+        let replay = original.clone();
+        take_frames(&mut original, 1).await;
+        assert!(replay.is_replayable());
+        assert_eq!(replay.size_hint().exact(), Some(5));
+    }
+
+    #[tokio::test]
+    async fn over_the_cap_the_first_attempt_is_intact_and_a_replay_refuses() {
+        let original = ReplayBody::new(Frames::new(&["0123456789"; 3], None), 25);
+        let replay = original.clone();
+        assert_eq!(original.collect().await.expect("body").to_bytes().len(), 30);
+        assert!(!replay.is_replayable());
+        assert_eq!(replay.kept_bytes(), 0, "the buffer is freed past the cap");
+        let err = replay.collect().await.expect_err("not replayable");
+        assert!(err.is::<NotReplayable>());
+    }
+
+    #[tokio::test]
+    async fn a_body_not_sent_to_its_end_is_not_replayed() {
+        let mut original = ReplayBody::new(Frames::new(&["ab", "cd", "ef"], None), 1024);
+        let replay = original.clone();
+        take_frames(&mut original, 1).await;
+        drop(original);
+        assert!(!replay.is_replayable());
+        assert!(!replay.is_end_stream());
+        let err = replay
+            .collect()
+            .await
+            .expect_err("truncated bodies are never sent");
+        assert!(err.is::<NotReplayable>());
     }
 }
