@@ -19,19 +19,21 @@
 //!
 //! Time is cut into ten buckets per window. Deposits are counted in a ring of ten
 //! buckets and withdrawals in a ring of eleven, each bucket one `AtomicU64` holding its
-//! epoch (24 bits) and a saturating count (40 bits). A deposit pays for retries until its
+//! epoch (low 32 bits) and a saturating count (32 bits). A deposit pays for retries until its
 //! bucket leaves the window (between 9/10 of the window and the whole window after it
 //! was made); a withdrawal is charged for at least the whole window. So at every grant,
 //! the retries granted in the window ending then, this one included, are at most
 //! `ratio` times the original requests in that window plus `min_per_sec * window`.
 //!
 //! The state is 22 atomics whatever the request rate ([`RetryBudget::STATE_BYTES`] in
-//! all), no lock is taken, and an operation after a year idle reads the same buckets as
-//! one after a second: stale buckets are recognised by their epoch, never swept. A
-//! deposit is one compare-and-swap. A withdrawal reads the window and then
-//! compare-and-swaps the current bucket, so concurrent withdrawals cannot spend the same
-//! retry; the one exception is two threads racing across a bucket boundary, which can
-//! overshoot by one retry.
+//! all) and no lock is taken. An operation after a year idle costs what one after a
+//! second does: the call that moves the clock forward restamps at most one ring's worth
+//! of buckets as empty, whatever the gap, so no bucket keeps a stamp old enough to pass
+//! for a current one when the 32 bits wrap (only a jump of exactly a multiple of 2^32
+//! buckets, 136 years at the default 1 s bucket, could fool it). A deposit is one compare-and-swap. A
+//! withdrawal reads the window and then compare-and-swaps the current bucket, so
+//! concurrent withdrawals in one bucket cannot spend the same retry; threads racing
+//! across a bucket boundary can each overshoot by one retry.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -46,9 +48,10 @@ const UNIT: i64 = 10_000;
 const DEPOSIT_BUCKETS: u64 = 10;
 /// Buckets a withdrawal is charged in: one more, so that it is charged for a whole window.
 const WITHDRAWAL_BUCKETS: u64 = DEPOSIT_BUCKETS + 1;
-const COUNT_BITS: u32 = 40;
+const COUNT_BITS: u32 = 32;
 const COUNT_MAX: u64 = (1 << COUNT_BITS) - 1;
-const STAMP_MASK: u64 = (1 << (64 - COUNT_BITS)) - 1;
+const STAMP_BITS: u32 = 64 - COUNT_BITS;
+const STAMP_MASK: u64 = (1 << STAMP_BITS) - 1;
 
 /// A retry budget: retries may not exceed `ratio` of original requests over a
 /// rolling `window`, plus `min_per_sec` retries per second.
@@ -95,12 +98,30 @@ struct State {
     withdrawals: Ring<{ WITHDRAWAL_BUCKETS as usize }>,
 }
 
-/// Counts per epoch: each bucket packs its epoch (low 24 bits) and a count.
+/// Counts per epoch: each bucket packs its epoch (low 32 bits) and a count.
 struct Ring<const N: usize>([AtomicU64; N]);
 
 impl<const N: usize> Ring<N> {
     fn bucket(&self, epoch: u64) -> &AtomicU64 {
         &self.0[(epoch % N as u64) as usize]
+    }
+
+    /// Marks the buckets of the epochs after `seen` up to `epoch` as empty buckets of
+    /// those epochs, unless a thread already wrote them for that epoch or a later one
+    /// (no later than `newest`, the newest epoch any thread has seen).
+    fn restamp(&self, seen: u64, epoch: u64, newest: u64) {
+        let first = seen
+            .saturating_add(1)
+            .max(epoch.saturating_sub(N as u64 - 1));
+        for e in first..=epoch {
+            let bucket = self.bucket(e);
+            let word = bucket.load(Ordering::Acquire);
+            if !is_current_or_newer(word, e, newest) {
+                // A failed exchange means another thread wrote it first: as good.
+                let _ =
+                    bucket.compare_exchange(word, pack(e, 0), Ordering::AcqRel, Ordering::Relaxed);
+            }
+        }
     }
 
     /// The sum of the buckets of the window ending at `epoch`: those stamped with one
@@ -134,15 +155,19 @@ impl RetryBudget {
     /// Records an original request (not a retry) made at `now`.
     pub fn deposit(&self, now: Instant) {
         let state = &*self.state;
-        let epoch = state.advance(now);
-        let bucket = state.deposits.bucket(epoch);
-        let mut word = bucket.load(Ordering::Relaxed);
+        let mut epoch = state.advance(now);
         loop {
-            let count = count(word, epoch).unwrap_or(0);
+            let bucket = state.deposits.bucket(epoch);
+            let word = bucket.load(Ordering::Acquire);
+            let Some(count) = state.count_at(word, &mut epoch) else {
+                continue;
+            };
             let next = pack(epoch, count + 1);
-            match bucket.compare_exchange_weak(word, next, Ordering::AcqRel, Ordering::Relaxed) {
-                Ok(_) => return,
-                Err(actual) => word = actual,
+            if bucket
+                .compare_exchange_weak(word, next, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+            {
+                return;
             }
         }
     }
@@ -151,15 +176,14 @@ impl RetryBudget {
     /// client has retried as much as it may: fail the request instead.
     pub fn try_withdraw(&self, now: Instant) -> bool {
         let state = &*self.state;
-        let epoch = state.advance(now);
-        let bucket = state.withdrawals.bucket(epoch);
+        let mut epoch = state.advance(now);
         loop {
+            let bucket = state.withdrawals.bucket(epoch);
             let word = bucket.load(Ordering::Acquire);
-            if state.balance(epoch) < UNIT {
-                return false;
-            }
-            let count = count(word, epoch).unwrap_or(0);
-            if count >= COUNT_MAX {
+            let Some(count) = state.count_at(word, &mut epoch) else {
+                continue;
+            };
+            if state.balance(epoch) < UNIT || count >= COUNT_MAX {
                 return false;
             }
             let next = pack(epoch, count + 1);
@@ -211,7 +235,10 @@ impl fmt::Debug for RetryBudget {
 }
 
 impl State {
-    /// The epoch for `now`, or the newest one already seen if `now` is older.
+    /// The epoch for `now`, or the newest one already seen if `now` is older. The call
+    /// that moves the clock forward also restamps the buckets of the epochs it skipped
+    /// (at most a ring's worth), so that no bucket keeps a stamp old enough to be
+    /// mistaken, once its 32 bits wrap, for a current one.
     fn advance(&self, now: Instant) -> u64 {
         let since = now.saturating_duration_since(self.origin);
         let nanos = since
@@ -224,7 +251,28 @@ impl State {
         if epoch <= seen {
             return seen;
         }
-        self.clock.fetch_max(epoch, Ordering::AcqRel).max(epoch)
+        let before = self.clock.fetch_max(epoch, Ordering::AcqRel);
+        if before < epoch {
+            let newest = self.clock.load(Ordering::Acquire);
+            self.deposits.restamp(before, epoch, newest);
+            self.withdrawals.restamp(before, epoch, newest);
+        }
+        before.max(epoch)
+    }
+
+    /// The count in bucket `word` for `epoch`: 0 if the bucket is from an older epoch.
+    /// `None` if it already holds a newer one (this thread was overtaken): `epoch` is
+    /// then moved to the newest seen, and the caller starts over with it.
+    fn count_at(&self, word: u64, epoch: &mut u64) -> Option<u64> {
+        if word >> COUNT_BITS == *epoch & STAMP_MASK {
+            return Some(word & COUNT_MAX);
+        }
+        let newest = self.clock.load(Ordering::Acquire);
+        if is_current_or_newer(word, *epoch, newest) {
+            *epoch = newest;
+            return None;
+        }
+        Some(0)
     }
 
     /// The floor plus the window's deposits, less its withdrawals, in units.
@@ -236,9 +284,12 @@ impl State {
     }
 }
 
-/// The count held in a bucket `word` if it was written in `epoch`.
-fn count(word: u64, epoch: u64) -> Option<u64> {
-    (word >> COUNT_BITS == epoch & STAMP_MASK).then_some(word & COUNT_MAX)
+/// Whether bucket `word` was written for `epoch` or a later epoch, given that no epoch
+/// after `newest` has been seen. Stamps keep 32 bits, so "later" is read as "at most
+/// `newest - epoch` ahead": anything else is a stamp from long ago.
+fn is_current_or_newer(word: u64, epoch: u64, newest: u64) -> bool {
+    let ahead = (word >> COUNT_BITS).wrapping_sub(epoch) & STAMP_MASK;
+    ahead <= newest.saturating_sub(epoch)
 }
 
 fn pack(epoch: u64, count: u64) -> u64 {
@@ -418,6 +469,21 @@ mod tests {
             b.deposit(later);
         }
         assert_eq!(withdraw_all(&b, later), 2);
+    }
+
+    #[test]
+    fn stamps_that_wrap_do_not_bring_old_buckets_back() {
+        let b = budget(1.0, 10, 0);
+        let t0 = b.state.origin;
+        for _ in 0..50 {
+            b.deposit(t0);
+        }
+        // 2^24 one-second buckets later (194 days): a 24-bit stamp would read the same.
+        let wrapped = t0 + Duration::from_secs(1 << 24);
+        assert_eq!(b.available(wrapped), 0);
+        assert!(!b.try_withdraw(wrapped));
+        b.deposit(wrapped);
+        assert_eq!(b.available(wrapped), 1);
     }
 
     #[test]
