@@ -20,8 +20,8 @@
 //! tokio's clock, so `tokio::time::pause()` makes tests exact.
 //!
 //! Every give-up is reported with its reason (a `tracing` event on target
-//! `stormguard::retry` and a [`RetryStats`] counter), and every final response carries
-//! an [`Attempts`] extension.
+//! `stormguard::retry` and a [`RetryStats`] counter), and every response that took more
+//! than one attempt carries an [`Attempts`] extension.
 //!
 //! # Which errors are recognised
 //!
@@ -59,9 +59,7 @@ use std::time::{Duration, SystemTime};
 use http::{HeaderValue, Request, Response};
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
-use stormguard_core::classify::{
-    grpc_status, is_idempotent, Rules, StatusSet, GRPC_PREVIOUS_RPC_ATTEMPTS,
-};
+use stormguard_core::classify::{is_idempotent, Rules, StatusSet, GRPC_PREVIOUS_RPC_ATTEMPTS};
 use stormguard_core::{Backoff, Class, ConfigError, RetryBudget, Schedule};
 use tokio::time::Sleep;
 
@@ -553,14 +551,23 @@ where
         // the application never saw it, or gRPC declared its code retryable (gRFC A6
         // leaves that judgement to the configured codes).
         let (class, safe_for_any_method) = match result {
+            Ok(res) if grpc => {
+                let class = self
+                    .shared
+                    .rules
+                    .classify_grpc_response(res.status(), res.headers());
+                (class, true)
+            }
             Ok(res) => {
                 // The wall clock matters only for an HTTP-date Retry-After.
                 let now = match res.status().as_u16() {
                     429 | 503 => SystemTime::now(),
                     _ => SystemTime::UNIX_EPOCH,
                 };
-                let class = self.shared.rules.classify(res.status(), res.headers(), now);
-                (class, grpc && grpc_status(res.headers()).is_some())
+                (
+                    self.shared.rules.classify(res.status(), res.headers(), now),
+                    false,
+                )
             }
             Err(err) => match classify_error(err) {
                 ErrorClass::NotSent => (Class::Retryable { after: None }, true),

@@ -253,6 +253,21 @@ pub fn grpc_status(headers: &HeaderMap) -> Option<i32> {
     value.parse().ok()
 }
 
+/// The gRPC code a client reports for an HTTP status that came without a
+/// `grpc-status`, per gRPC's HTTP-to-gRPC status mapping: 400 INTERNAL, 401
+/// UNAUTHENTICATED, 403 PERMISSION_DENIED, 404 UNIMPLEMENTED, 429, 502, 503 and 504
+/// UNAVAILABLE, anything else UNKNOWN.
+pub fn grpc_code_for_http_status(status: StatusCode) -> i32 {
+    match status.as_u16() {
+        400 => GrpcCodeSet::INTERNAL,
+        401 => 16,
+        403 => 7,
+        404 => 12,
+        429 | 502 | 503 | 504 => GrpcCodeSet::UNAVAILABLE,
+        _ => GrpcCodeSet::UNKNOWN,
+    }
+}
+
 /// Whether a request may be sent twice without changing its effect.
 ///
 /// GET, HEAD, OPTIONS, TRACE, PUT and DELETE are idempotent (RFC 9110, 9.2.2). POST,
@@ -308,6 +323,19 @@ impl Rules {
             return self.classify_grpc(code, headers);
         }
         self.classify_http(status, headers, now)
+    }
+
+    /// Classifies the response to a gRPC call. A `grpc-status` header decides when there
+    /// is one. Otherwise a 2xx is a success (the status follows in the trailers), and
+    /// any other HTTP status, typically from a proxy, is read as the gRPC code gRPC's
+    /// HTTP-to-gRPC mapping gives it ([`grpc_code_for_http_status`]): a 503 from a load
+    /// balancer is UNAVAILABLE. `Retry-After` is not consulted; gRPC's pushback is.
+    pub fn classify_grpc_response(&self, status: StatusCode, headers: &HeaderMap) -> Class {
+        match grpc_status(headers) {
+            Some(code) => self.classify_grpc(code, headers),
+            None if status.is_success() => Class::Success,
+            None => self.classify_grpc(grpc_code_for_http_status(status), headers),
+        }
     }
 
     fn classify_http(&self, status: StatusCode, headers: &HeaderMap, now: SystemTime) -> Class {
@@ -417,6 +445,40 @@ mod tests {
         // gRPC status wins over the HTTP status; garbage falls back to HTTP rules.
         assert_eq!(classify(503, &[("grpc-status", "3")]), Class::Permanent);
         assert_eq!(classify(200, &[("grpc-status", "x")]), Class::Success);
+    }
+
+    #[test]
+    fn grpc_calls_read_proxy_statuses_as_grpc_codes() {
+        let rules = Rules::default();
+        let none = HeaderMap::new();
+        let unavailable = Class::Retryable { after: None };
+        for s in [429, 502, 503, 504] {
+            let status = StatusCode::from_u16(s).expect("status");
+            assert_eq!(
+                rules.classify_grpc_response(status, &none),
+                unavailable,
+                "{s}"
+            );
+        }
+        for s in [400, 401, 403, 404, 500] {
+            let status = StatusCode::from_u16(s).expect("status");
+            assert_eq!(
+                rules.classify_grpc_response(status, &none),
+                Class::Permanent,
+                "{s}"
+            );
+        }
+        assert_eq!(
+            rules.classify_grpc_response(StatusCode::OK, &none),
+            Class::Success
+        );
+        let mut retry_after = HeaderMap::new();
+        retry_after.insert("retry-after", HeaderValue::from_static("5"));
+        // Retry-After is HTTP's; a gRPC call waits only for pushback.
+        assert_eq!(
+            rules.classify_grpc_response(StatusCode::SERVICE_UNAVAILABLE, &retry_after),
+            unavailable
+        );
     }
 
     #[test]
