@@ -63,6 +63,17 @@ async fn send(svc: &mut Svc, uri: &str) -> Result<http::Response<Incoming>, BoxE
     svc.ready().await?.call(request).await
 }
 
+/// Polls (every 10 ms, for at most 3 s) until the break is over.
+async fn wait_for_half_open(breaker: &CircuitBreaker) {
+    for _ in 0..300 {
+        if breaker.state() == CircuitState::HalfOpen {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the break did not end within 3 s");
+}
+
 #[tokio::test]
 async fn opens_on_an_outage_spares_the_server_and_recovers() {
     let server = Arc::new(Server::default());
@@ -104,18 +115,18 @@ async fn opens_on_an_outage_spares_the_server_and_recovers() {
     assert_eq!(server.hits(), hits);
 
     // After the break one probe goes through; it fails, and the break doubles.
-    tokio::time::sleep(Duration::from_millis(250)).await;
-    assert_eq!(breaker.state(), CircuitState::HalfOpen);
+    wait_for_half_open(&breaker).await;
     assert_eq!(send(&mut svc, &uri).await.expect("probe").status(), 503);
     assert_eq!(server.hits(), hits + 1);
     let open = send(&mut svc, &uri).await.expect_err("open again");
     let open = open.downcast_ref::<CircuitOpen>().expect("CircuitOpen");
-    assert!(open.remaining() > Duration::from_millis(300), "{open:?}");
+    // Longer than the whole first break: it doubled (to 400 ms).
+    assert!(open.remaining() > Duration::from_millis(200), "{open:?}");
     assert_eq!(server.hits(), hits + 1);
 
     // The server recovers; after the longer break the probe succeeds and traffic resumes.
     server.down.store(false, Ordering::SeqCst);
-    tokio::time::sleep(Duration::from_millis(450)).await;
+    wait_for_half_open(&breaker).await;
     assert_eq!(send(&mut svc, &uri).await.expect("probe").status(), 200);
     assert_eq!(breaker.state(), CircuitState::Closed);
     for _ in 0..10 {

@@ -245,7 +245,19 @@ async fn a_post_to_a_refused_port_is_retried_until_the_server_is_up() {
         .body(Full::new(Bytes::from_static(b"order")))
         .expect("request");
     let call = tokio::spawn(svc.oneshot(req));
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Open the port only once the first attempt has been refused and a retry scheduled
+    // (bounded: 5 s of 10 ms polls).
+    for _ in 0..500 {
+        if policy.stats().retries > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        policy.stats().retries,
+        1,
+        "the refused attempt was not retried"
+    );
     let listener = TcpListener::bind(("127.0.0.1", port))
         .await
         .expect("rebind the port");
@@ -331,7 +343,8 @@ async fn a_total_timeout_outside_bounds_the_whole_call() {
         elapsed >= Duration::from_millis(700) && elapsed < Duration::from_secs(3),
         "{elapsed:?}"
     );
-    // 700 ms of 200 ms attempts with short backoffs: three or four attempts, not a hundred.
+    // 700 ms of 200 ms attempts with short backoffs: three or four attempts (fewer on a
+    // loaded machine), never the hundred the policy would allow.
     let attempts = seen.load(Ordering::SeqCst);
-    assert!((3..=4).contains(&attempts), "{attempts} attempts");
+    assert!((2..=4).contains(&attempts), "{attempts} attempts");
 }

@@ -123,8 +123,6 @@ pub enum GiveUp {
     Pushback,
     /// A circuit breaker is open.
     CircuitOpen,
-    /// The request carried [`NoRetry`].
-    Disabled,
 }
 
 impl GiveUp {
@@ -139,7 +137,6 @@ impl GiveUp {
             GiveUp::BodyNotReplayable => "body not replayable",
             GiveUp::Pushback => "pushback",
             GiveUp::CircuitOpen => "circuit open",
-            GiveUp::Disabled => "disabled",
         }
     }
 }
@@ -306,9 +303,6 @@ impl RetryPolicy {
         after: Option<Duration>,
     ) -> Result<Option<Duration>, GiveUp> {
         let shared = &*self.shared;
-        if req.extensions().get::<NoRetry>().is_some() {
-            return Err(GiveUp::Disabled);
-        }
         let safe = safe_for_any_method
             || is_idempotent(req.method(), req.headers())
             || req.extensions().get::<Idempotent>().is_some();
@@ -367,10 +361,10 @@ impl RetryPolicy {
             GiveUp::NotIdempotent => bump(&c.not_idempotent),
             GiveUp::BodyNotReplayable => bump(&c.not_replayable),
             GiveUp::RetryAfterTooLong | GiveUp::Pushback => bump(&c.server_refused),
-            GiveUp::CircuitOpen | GiveUp::Disabled => {}
+            GiveUp::CircuitOpen => {}
         }
         match why {
-            GiveUp::Permanent | GiveUp::Disabled => {
+            GiveUp::Permanent => {
                 tracing::debug!(target: "stormguard::retry", attempts, reason = why.as_str(), "giving up")
             }
             _ => {
@@ -618,6 +612,10 @@ where
             self.shared
                 .budget
                 .deposit(tokio::time::Instant::now().into_std());
+            // Sent once whatever happens: no copy to keep.
+            if req.extensions().get::<NoRetry>().is_some() {
+                return None;
+            }
         }
         Some(req.clone())
     }

@@ -91,11 +91,18 @@ impl Backoff {
                 "greater than zero",
             ));
         }
-        if cap < base || cap > MAX_CAP {
+        if cap < base {
             return Err(ConfigError::invalid(
                 "backoff cap",
                 cap,
                 format!("at least the base, {base:?}"),
+            ));
+        }
+        if cap > MAX_CAP {
+            return Err(ConfigError::invalid(
+                "backoff cap",
+                cap,
+                format!("at most {MAX_CAP:?} (2^64 - 1 ns)"),
             ));
         }
         Ok(Backoff { base, cap, jitter })
@@ -247,15 +254,20 @@ mod tests {
         for n in [64, 127, 128, 10_000, u32::MAX] {
             assert_eq!(b.ceiling(n), 20_000 * MS);
         }
-        let huge = Backoff::new(Duration::from_secs(u64::MAX / 2), MAX_CAP, Jitter::Full);
-        assert_eq!(
-            huge.map(|b| b.ceiling(100)),
-            Err(ConfigError::invalid(
-                "backoff cap",
-                MAX_CAP,
-                format!("at least the base, {:?}", Duration::from_secs(u64::MAX / 2))
-            ))
-        );
+        // The largest base and cap allowed: base * 2^n overflows u128 nanoseconds for
+        // large n, and the ceiling must still be the cap.
+        let huge = Backoff::new(MAX_CAP, MAX_CAP, Jitter::Full).expect("largest backoff");
+        for n in [0, 1, 63, 64, 100, u32::MAX] {
+            assert_eq!(huge.ceiling(n), MAX_CAP);
+        }
+        let wide = Backoff::new(Duration::from_nanos(1), MAX_CAP, Jitter::Full).expect("wide");
+        assert_eq!(wide.ceiling(10), Duration::from_nanos(1024));
+        assert_eq!(wide.ceiling(63), Duration::from_nanos(1 << 63));
+        assert_eq!(wide.ceiling(64), MAX_CAP);
+        assert!(wide
+            .schedule_seeded(1)
+            .nth(200)
+            .is_some_and(|d| d < MAX_CAP));
     }
 
     #[test]
@@ -277,7 +289,8 @@ mod tests {
             err.to_string(),
             "invalid backoff cap: 1ms (allowed: at least the base, 2ms)"
         );
-        assert!(Backoff::new(MS, Duration::MAX, Jitter::Full).is_err());
+        let err = Backoff::new(MS, Duration::MAX, Jitter::Full).unwrap_err();
+        assert!(err.to_string().contains("at most"), "{err}");
         assert!(Backoff::new(MS, MS, Jitter::Full).is_ok());
     }
 
