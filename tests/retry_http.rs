@@ -22,8 +22,12 @@ use stormguard::{Attempts, Backoff, Jitter, ReplayBody, RetryLayer, RetryPolicy}
 use tokio::net::TcpListener;
 use tower::{BoxError, ServiceBuilder, ServiceExt};
 
+#[path = "support/policy.rs"]
+mod policy;
 #[path = "support/server.rs"]
 mod server;
+
+use policy::fast_policy;
 
 type Handler = Arc<
     dyn Fn(usize, Bytes) -> Pin<Box<dyn Future<Output = Response<Full<Bytes>>> + Send>>
@@ -76,19 +80,6 @@ fn failing_first(failures: usize) -> Handler {
     })
 }
 
-fn fast_policy() -> stormguard::RetryPolicyBuilder {
-    RetryPolicy::builder()
-        .backoff(
-            Backoff::new(
-                Duration::from_millis(5),
-                Duration::from_millis(50),
-                Jitter::Full,
-            )
-            .expect("backoff"),
-        )
-        .seed(1)
-}
-
 fn client<B>(http2: bool) -> Client<HttpConnector, B>
 where
     B: Body + Send + 'static,
@@ -108,7 +99,7 @@ async fn body_text(res: Response<Incoming>) -> String {
 async fn retries_through_hyper_util_over_http1_and_http2() {
     for http2 in [false, true] {
         let (addr, seen) = serve(failing_first(2)).await;
-        let policy = fast_policy().build().expect("policy");
+        let policy = fast_policy(1).build().expect("policy");
         let svc = ServiceBuilder::new()
             .layer(RetryLayer::new(policy.clone()))
             .service(client::<Full<Bytes>>(http2));
@@ -173,7 +164,7 @@ async fn a_streaming_body_is_replayed_whole() {
         });
         let (addr, seen) = serve(handler).await;
         let svc = ServiceBuilder::new()
-            .layer(RetryLayer::new(fast_policy().build().expect("policy")).replay_bodies())
+            .layer(RetryLayer::new(fast_policy(1).build().expect("policy")).replay_bodies())
             .service(client::<ReplayBody<Chunks>>(http2));
         let req = Request::put(format!("http://{addr}/upload"))
             .body(Chunks::new(8, 1000))
@@ -198,7 +189,7 @@ async fn a_body_over_the_cap_is_sent_once_and_intact() {
         Box::pin(async { reply(503, "") })
     });
     let (addr, seen) = serve(handler).await;
-    let policy = fast_policy()
+    let policy = fast_policy(1)
         .max_replay_bytes(4096)
         .build()
         .expect("policy");
@@ -294,7 +285,7 @@ fn stalling_first() -> Handler {
 async fn a_per_attempt_timeout_inside_turns_a_stall_into_a_retry() {
     let (addr, seen) = serve(stalling_first()).await;
     let svc = ServiceBuilder::new()
-        .layer(RetryLayer::new(fast_policy().build().expect("policy")))
+        .layer(RetryLayer::new(fast_policy(1).build().expect("policy")))
         .timeout(Duration::from_millis(200))
         .service(client::<Full<Bytes>>(false));
     let started = tokio::time::Instant::now();
@@ -324,7 +315,7 @@ async fn a_total_timeout_outside_bounds_the_whole_call() {
     let svc = ServiceBuilder::new()
         .timeout(Duration::from_millis(700))
         .layer(RetryLayer::new(
-            fast_policy().max_attempts(100).build().expect("policy"),
+            fast_policy(1).max_attempts(100).build().expect("policy"),
         ))
         .timeout(Duration::from_millis(200))
         .service(client::<Full<Bytes>>(false));

@@ -8,15 +8,19 @@ use std::time::Duration;
 
 use http::uri::PathAndQuery;
 use hyper::body::Incoming;
-use stormguard::{Backoff, Jitter, ReplayBody, RetryLayer, RetryPolicy};
+use stormguard::{ReplayBody, RetryLayer};
 use tonic::body::Body;
 use tonic::codegen::tokio_stream;
 use tonic::{Request, Response, Status, Streaming};
 use tonic_prost::ProstCodec;
 use tower::{service_fn, Service, ServiceBuilder};
 
+#[path = "support/policy.rs"]
+mod policy;
 #[path = "support/server.rs"]
 mod server;
+
+use policy::fast_policy;
 
 /// One piece of an upload (written by hand: no protoc needed).
 #[derive(Clone, PartialEq, prost::Message)]
@@ -102,19 +106,6 @@ where
     Ok(response.into_inner())
 }
 
-fn policy() -> stormguard::RetryPolicyBuilder {
-    RetryPolicy::builder()
-        .backoff(
-            Backoff::new(
-                Duration::from_millis(5),
-                Duration::from_millis(50),
-                Jitter::Full,
-            )
-            .expect("backoff"),
-        )
-        .seed(3)
-}
-
 #[tokio::test]
 async fn a_client_stream_is_replayed_after_unavailable() {
     let (uri, received) = serve(2).await;
@@ -123,7 +114,7 @@ async fn a_client_stream_is_replayed_after_unavailable() {
         .connect()
         .await
         .expect("connect");
-    let policy = policy().build().expect("policy");
+    let policy = fast_policy(3).build().expect("policy");
     let svc = ServiceBuilder::new()
         .layer(RetryLayer::new(policy.clone()).replay_bodies())
         .map_request(|r: http::Request<ReplayBody<Body>>| r.map(Body::new))
@@ -153,7 +144,10 @@ async fn a_stream_over_the_cap_is_sent_once_and_the_status_returned() {
         .connect()
         .await
         .expect("connect");
-    let policy = policy().max_replay_bytes(2048).build().expect("policy");
+    let policy = fast_policy(3)
+        .max_replay_bytes(2048)
+        .build()
+        .expect("policy");
     let mut svc = ServiceBuilder::new()
         .layer(RetryLayer::new(policy.clone()).replay_bodies())
         .map_request(|r: http::Request<ReplayBody<Body>>| r.map(Body::new))

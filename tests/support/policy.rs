@@ -1,0 +1,16 @@
+//! A retry policy for tests against real servers: short full-jitter waits, seeded.
+
+use std::time::Duration;
+
+use stormguard::{Backoff, Jitter, RetryPolicy, RetryPolicyBuilder};
+
+/// Waits of 5 to 50 ms, drawn from streams derived from `seed`.
+pub(crate) fn fast_policy(seed: u64) -> RetryPolicyBuilder {
+    let backoff = Backoff::new(
+        Duration::from_millis(5),
+        Duration::from_millis(50),
+        Jitter::Full,
+    )
+    .expect("valid backoff");
+    RetryPolicy::builder().backoff(backoff).seed(seed)
+}
