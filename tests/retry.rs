@@ -62,6 +62,20 @@ fn with_header(code: u16, name: &'static str, value: &'static str) -> Response<S
         .expect("response")
 }
 
+/// The outcome of a call. A call still waiting an hour of paused time later (say, for
+/// an answer to an attempt it should not have made) fails the test instead of hanging it.
+async fn finished(call: JoinHandle<Outcome>) -> Outcome {
+    tokio::time::timeout(Duration::from_secs(3600), call)
+        .await
+        .expect("the call did not finish")
+        .expect("task")
+}
+
+/// The status of a call that must end with a response.
+async fn status_of(call: JoinHandle<Outcome>) -> StatusCode {
+    finished(call).await.expect("response").status()
+}
+
 /// Lets spawned tasks run without moving the paused clock.
 async fn settle() {
     for _ in 0..10 {
@@ -122,7 +136,7 @@ async fn a_503_is_tried_three_times_then_returned() {
     assert_nothing_sent(&mut upstream).await;
     answer_after(&mut upstream, MS, status(503)).await;
 
-    let response = call.await.expect("task").expect("response");
+    let response = finished(call).await.expect("response");
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(Attempts::of(&response), 3);
     advance(Duration::from_secs(60)).await;
@@ -136,7 +150,7 @@ async fn a_400_is_sent_once() {
     let policy = policy().build().expect("policy");
     let (call, mut upstream) = start(policy.clone(), get());
     answer_now(&mut upstream, status(400)).await;
-    let response = call.await.expect("task").expect("response");
+    let response = finished(call).await.expect("response");
     assert_eq!(response.status(), StatusCode::BAD_REQUEST);
     assert_eq!(Attempts::of(&response), 1);
     advance(Duration::from_secs(60)).await;
@@ -149,7 +163,7 @@ async fn success_after_a_retry_reports_two_attempts() {
     let (call, mut upstream) = start(policy().build().expect("policy"), get());
     answer_now(&mut upstream, status(502)).await;
     answer_after(&mut upstream, 200 * MS, status(200)).await;
-    let response = call.await.expect("task").expect("response");
+    let response = finished(call).await.expect("response");
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(response.extensions().get::<Attempts>(), Some(&Attempts(2)));
 }
@@ -170,7 +184,7 @@ async fn retry_after_is_waited_for_at_least() {
         settle().await;
     }
     assert!(Instant::now() - sent >= 2000 * MS);
-    let response = call.await.expect("task").expect("response");
+    let response = finished(call).await.expect("response");
     assert_eq!(response.status(), StatusCode::OK);
 }
 
@@ -188,7 +202,7 @@ async fn retry_after_beyond_the_maximum_returns_the_response() {
         .expect("policy");
     let (call, mut upstream) = start(policy.clone(), get());
     answer_now(&mut upstream, with_header(429, "retry-after", "3600")).await;
-    let response = call.await.expect("task").expect("response");
+    let response = finished(call).await.expect("response");
     assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(response.headers()["retry-after"], "3600");
     advance(Duration::from_secs(3600)).await;
@@ -201,7 +215,7 @@ async fn post_without_a_key_is_not_retried_on_503() {
     let policy = policy().build().expect("policy");
     let (call, mut upstream) = start(policy.clone(), post());
     answer_now(&mut upstream, status(503)).await;
-    let response = call.await.expect("task").expect("response");
+    let response = finished(call).await.expect("response");
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
     advance(Duration::from_secs(60)).await;
     assert_nothing_sent(&mut upstream).await;
@@ -219,10 +233,7 @@ async fn post_with_an_idempotency_key_is_retried() {
     assert_eq!(retried.method(), Method::POST);
     assert_eq!(retried.headers()["idempotency-key"], "order-42");
     assert_eq!(retried.body(), "{}");
-    assert_eq!(
-        call.await.expect("task").expect("response").status(),
-        StatusCode::CREATED
-    );
+    assert_eq!(status_of(call).await, StatusCode::CREATED);
 }
 
 #[tokio::test(start_paused = true)]
@@ -232,10 +243,7 @@ async fn post_declared_idempotent_is_retried() {
     let (call, mut upstream) = start(policy().build().expect("policy"), req);
     answer_now(&mut upstream, status(500)).await;
     answer_after(&mut upstream, 200 * MS, status(200)).await;
-    assert_eq!(
-        call.await.expect("task").expect("response").status(),
-        StatusCode::OK
-    );
+    assert_eq!(status_of(call).await, StatusCode::OK);
 }
 
 #[tokio::test(start_paused = true)]
@@ -244,10 +252,7 @@ async fn no_retry_extension_sends_once() {
     req.extensions_mut().insert(NoRetry);
     let (call, mut upstream) = start(policy().build().expect("policy"), req);
     answer_now(&mut upstream, status(503)).await;
-    assert_eq!(
-        call.await.expect("task").expect("response").status(),
-        StatusCode::SERVICE_UNAVAILABLE
-    );
+    assert_eq!(status_of(call).await, StatusCode::SERVICE_UNAVAILABLE);
     advance(Duration::from_secs(60)).await;
     assert_nothing_sent(&mut upstream).await;
 }
@@ -260,10 +265,7 @@ async fn post_is_retried_when_the_connection_was_refused() {
     send.send_error(io::Error::from(io::ErrorKind::ConnectionRefused));
     settle().await;
     answer_after(&mut upstream, 200 * MS, status(201)).await;
-    assert_eq!(
-        call.await.expect("task").expect("response").status(),
-        StatusCode::CREATED
-    );
+    assert_eq!(status_of(call).await, StatusCode::CREATED);
 }
 
 #[tokio::test(start_paused = true)]
@@ -272,7 +274,7 @@ async fn post_is_not_retried_after_a_reset() {
     settle().await;
     let (_, send) = take(&mut upstream).expect("first attempt");
     send.send_error(io::Error::from(io::ErrorKind::ConnectionReset));
-    let err = call.await.expect("task").expect_err("the reset comes back");
+    let err = finished(call).await.expect_err("the reset comes back");
     assert!(err.to_string().contains("reset"), "{err}");
     advance(Duration::from_secs(60)).await;
     assert_nothing_sent(&mut upstream).await;
@@ -284,12 +286,7 @@ async fn unknown_errors_are_not_retried_but_timeouts_are() {
     settle().await;
     let (_, send) = take(&mut upstream).expect("first attempt");
     send.send_error("something odd");
-    // A retry would wait for an answer that never comes: the timeout turns that into a
-    // failure (paused time jumps to it) instead of a hang.
-    let outcome = tokio::time::timeout(Duration::from_secs(3600), call)
-        .await
-        .expect("returned without another attempt");
-    assert!(outcome.expect("task").is_err());
+    assert!(finished(call).await.is_err());
     advance(Duration::from_secs(60)).await;
     assert_nothing_sent(&mut upstream).await;
 
@@ -299,10 +296,7 @@ async fn unknown_errors_are_not_retried_but_timeouts_are() {
     send.send_error(tower::timeout::error::Elapsed::new());
     settle().await;
     answer_after(&mut upstream, 200 * MS, status(200)).await;
-    assert_eq!(
-        call.await.expect("task").expect("response").status(),
-        StatusCode::OK
-    );
+    assert_eq!(status_of(call).await, StatusCode::OK);
 }
 
 #[tokio::test(start_paused = true)]
@@ -312,7 +306,7 @@ async fn an_open_circuit_is_never_retried() {
     settle().await;
     let (_, send) = take(&mut upstream).expect("first attempt");
     send.send_error(CircuitOpen::new(Duration::from_secs(5)));
-    let err = call.await.expect("task").expect_err("fails fast");
+    let err = finished(call).await.expect_err("fails fast");
     assert!(err.downcast_ref::<CircuitOpen>().is_some());
     advance(Duration::from_secs(60)).await;
     assert_nothing_sent(&mut upstream).await;
@@ -330,10 +324,7 @@ async fn an_exhausted_budget_means_one_attempt_per_request() {
     for _ in 0..5 {
         let (call, mut upstream) = start(policy.clone(), get());
         answer_now(&mut upstream, status(503)).await;
-        assert_eq!(
-            call.await.expect("task").expect("response").status(),
-            StatusCode::SERVICE_UNAVAILABLE
-        );
+        assert_eq!(status_of(call).await, StatusCode::SERVICE_UNAVAILABLE);
         advance(Duration::from_secs(60)).await;
         assert_nothing_sent(&mut upstream).await;
     }
@@ -375,10 +366,7 @@ async fn the_budget_caps_retries_at_its_ratio() {
         advance(50 * MS).await;
     }
     for call in calls {
-        assert_eq!(
-            call.await.expect("task").expect("response").status(),
-            StatusCode::SERVICE_UNAVAILABLE
-        );
+        assert_eq!(status_of(call).await, StatusCode::SERVICE_UNAVAILABLE);
     }
     assert_eq!(attempts, 110);
     assert_eq!(policy.stats().budget_denied, 90);
@@ -415,7 +403,7 @@ async fn grpc_unavailable_is_retried_with_previous_attempts_and_capped_at_five()
         );
         wait *= 2;
     }
-    let response = call.await.expect("task").expect("response");
+    let response = finished(call).await.expect("response");
     assert_eq!(Attempts::of(&response), 5);
     advance(Duration::from_secs(60)).await;
     assert_nothing_sent(&mut upstream).await;
@@ -428,7 +416,7 @@ async fn grpc_pushback_is_exact_and_negative_pushback_stops() {
     advance(999 * MS).await;
     assert_nothing_sent(&mut upstream).await;
     answer_after(&mut upstream, MS, grpc_status("14", Some("-1"))).await;
-    let response = call.await.expect("task").expect("response");
+    let response = finished(call).await.expect("response");
     assert_eq!(response.headers()["grpc-status"], "14");
     assert_eq!(Attempts::of(&response), 2);
     advance(Duration::from_secs(60)).await;
@@ -439,11 +427,7 @@ async fn grpc_pushback_is_exact_and_negative_pushback_stops() {
 async fn grpc_codes_other_than_unavailable_are_permanent() {
     let (call, mut upstream) = start(policy().build().expect("policy"), grpc_call());
     answer_now(&mut upstream, grpc_status("3", None)).await;
-    let response = tokio::time::timeout(Duration::from_secs(3600), call)
-        .await
-        .expect("returned without another attempt")
-        .expect("task")
-        .expect("response");
+    let response = finished(call).await.expect("response");
     assert_eq!(Attempts::of(&response), 1);
     advance(Duration::from_secs(60)).await;
     assert_nothing_sent(&mut upstream).await;
@@ -460,7 +444,11 @@ async fn seeded_waits(seed: u64) -> Vec<u128> {
     let mut waits = Vec::new();
     answer_now(&mut upstream, status(503)).await;
     let mut last = Instant::now();
-    while waits.len() < 3 {
+    // Bounded: the three waits are under 200 + 400 + 800 ms of 1 ms steps.
+    for _ in 0..2000 {
+        if waits.len() == 3 {
+            break;
+        }
         advance(MS).await;
         settle().await;
         if let Some((_, send)) = take(&mut upstream) {
@@ -469,7 +457,8 @@ async fn seeded_waits(seed: u64) -> Vec<u128> {
             send.send_response(status(503));
         }
     }
-    call.await.expect("task").expect("response");
+    assert_eq!(waits.len(), 3, "three retries within 2 s");
+    finished(call).await.expect("response");
     waits
 }
 
@@ -491,6 +480,6 @@ async fn a_proxy_503_to_a_grpc_call_is_unavailable_and_retried() {
     // Read as UNAVAILABLE (gRPC's HTTP mapping); HTTP's Retry-After is not gRPC's to honour.
     let retried = answer_after(&mut upstream, 200 * MS, grpc_status("0", None)).await;
     assert_eq!(retried.headers()["grpc-previous-rpc-attempts"], "1");
-    let response = call.await.expect("task").expect("response");
+    let response = finished(call).await.expect("response");
     assert_eq!(Attempts::of(&response), 2);
 }
