@@ -553,15 +553,9 @@ where
                 (class, true)
             }
             Ok(res) => {
-                // The wall clock matters only for an HTTP-date Retry-After.
-                let now = match res.status().as_u16() {
-                    429 | 503 => SystemTime::now(),
-                    _ => SystemTime::UNIX_EPOCH,
-                };
-                (
-                    self.shared.rules.classify(res.status(), res.headers(), now),
-                    false,
-                )
+                let rules = &self.shared.rules;
+                let class = rules.classify_with(res.status(), res.headers(), SystemTime::now);
+                (class, false)
             }
             Err(err) => match classify_error(err) {
                 ErrorClass::NotSent => (Class::Retryable { after: None }, true),
@@ -589,9 +583,8 @@ where
             None => backoff,
         };
         if grpc {
-            if let Ok(value) = HeaderValue::from_str(&attempts.to_string()) {
-                req.headers_mut().insert(GRPC_PREVIOUS_RPC_ATTEMPTS, value);
-            }
+            req.headers_mut()
+                .insert(GRPC_PREVIOUS_RPC_ATTEMPTS, HeaderValue::from(attempts));
         }
         bump(&self.shared.counters.retries);
         let status = result.as_ref().ok().map(|res| res.status().as_u16());

@@ -319,6 +319,18 @@ impl Rules {
     /// the wait; for gRPC, `grpc-retry-pushback-ms` does, and a negative or unparseable
     /// pushback turns a retryable code into [`Class::DontRetry`] (gRFC A6).
     pub fn classify(&self, status: StatusCode, headers: &HeaderMap, now: SystemTime) -> Class {
+        self.classify_with(status, headers, || now)
+    }
+
+    /// [`classify`](Self::classify), asking `now` for the time only when it is needed:
+    /// for a 429 or 503 whose `Retry-After` has to be read. The retry layer passes
+    /// `SystemTime::now` here, so a successful response costs no clock read.
+    pub fn classify_with(
+        &self,
+        status: StatusCode,
+        headers: &HeaderMap,
+        now: impl FnOnce() -> SystemTime,
+    ) -> Class {
         if let Some(code) = grpc_status(headers) {
             return self.classify_grpc(code, headers);
         }
@@ -338,7 +350,12 @@ impl Rules {
         }
     }
 
-    fn classify_http(&self, status: StatusCode, headers: &HeaderMap, now: SystemTime) -> Class {
+    fn classify_http(
+        &self,
+        status: StatusCode,
+        headers: &HeaderMap,
+        now: impl FnOnce() -> SystemTime,
+    ) -> Class {
         if status.is_informational() || status.is_success() || status.is_redirection() {
             return Class::Success;
         }
@@ -348,7 +365,7 @@ impl Rules {
         let after = match status {
             StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE => headers
                 .get(http::header::RETRY_AFTER)
-                .and_then(|v| parse_retry_after(v, now)),
+                .and_then(|v| parse_retry_after(v, now())),
             _ => None,
         };
         Class::Retryable { after }
@@ -445,6 +462,31 @@ mod tests {
         // gRPC status wins over the HTTP status; garbage falls back to HTTP rules.
         assert_eq!(classify(503, &[("grpc-status", "3")]), Class::Permanent);
         assert_eq!(classify(200, &[("grpc-status", "x")]), Class::Success);
+    }
+
+    #[test]
+    fn the_clock_is_read_only_for_a_retry_after() {
+        let rules = Rules::default();
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            "retry-after",
+            HeaderValue::from_static("Thu, 01 Jan 1970 00:01:40 GMT"),
+        );
+        let never = || -> SystemTime { panic!("the clock was read") };
+        assert_eq!(
+            rules.classify_with(StatusCode::OK, &headers, never),
+            Class::Success
+        );
+        assert!(rules
+            .classify_with(StatusCode::BAD_GATEWAY, &headers, never)
+            .is_retryable());
+        let epoch = || SystemTime::UNIX_EPOCH;
+        assert_eq!(
+            rules.classify_with(StatusCode::SERVICE_UNAVAILABLE, &headers, epoch),
+            Class::Retryable {
+                after: Some(Duration::from_secs(100))
+            }
+        );
     }
 
     #[test]
