@@ -258,14 +258,7 @@ pub struct CircuitBreaker {
 impl Default for CircuitBreaker {
     /// A breaker with the default settings of [`CircuitBreakerBuilder`].
     fn default() -> Self {
-        CircuitBreaker::new(
-            BreakerConfig::default(),
-            StatusSet::breaker_default(),
-            GrpcCodeSet::breaker_default(),
-            false,
-            None,
-            None,
-        )
+        CircuitBreaker::builder().assemble(BreakerConfig::default())
     }
 }
 
@@ -294,36 +287,6 @@ impl CircuitBreaker {
             wait_when_open: false,
             on_transition: None,
             seed: None,
-        }
-    }
-
-    fn new(
-        config: BreakerConfig,
-        failure_statuses: StatusSet,
-        failure_grpc_codes: GrpcCodeSet,
-        wait_when_open: bool,
-        on_transition: Option<Callback>,
-        seed: Option<u64>,
-    ) -> Self {
-        let breaker = match seed {
-            Some(seed) => Breaker::with_seed(config, seed),
-            None => Breaker::new(config),
-        };
-        let (state_tx, _) = watch::channel(CircuitState::Closed);
-        CircuitBreaker {
-            shared: Arc::new(Shared {
-                breaker,
-                failure_statuses,
-                failure_grpc_codes,
-                wait_when_open,
-                on_transition,
-                state_tx,
-                changed: Arc::new(Notify::new()),
-                calls: AtomicU64::new(0),
-                failures: AtomicU64::new(0),
-                rejected: AtomicU64::new(0),
-                transitions: AtomicU64::new(0),
-            }),
         }
     }
 
@@ -638,15 +601,32 @@ impl CircuitBreakerBuilder {
     /// Checks the settings and builds the breaker, or returns an error naming the
     /// first setting out of range.
     pub fn build(self) -> Result<CircuitBreaker, ConfigError> {
-        let config = self.config.build()?;
-        Ok(CircuitBreaker::new(
-            config,
-            self.failure_statuses,
-            self.failure_grpc_codes,
-            self.wait_when_open,
-            self.on_transition,
-            self.seed,
-        ))
+        let config = self.config.clone().build()?;
+        Ok(self.assemble(config))
+    }
+
+    /// The breaker from these settings and an already checked state-machine `config`.
+    fn assemble(self, config: BreakerConfig) -> CircuitBreaker {
+        let breaker = match self.seed {
+            Some(seed) => Breaker::with_seed(config, seed),
+            None => Breaker::new(config),
+        };
+        let (state_tx, _) = watch::channel(CircuitState::Closed);
+        CircuitBreaker {
+            shared: Arc::new(Shared {
+                breaker,
+                failure_statuses: self.failure_statuses,
+                failure_grpc_codes: self.failure_grpc_codes,
+                wait_when_open: self.wait_when_open,
+                on_transition: self.on_transition,
+                state_tx,
+                changed: Arc::new(Notify::new()),
+                calls: AtomicU64::new(0),
+                failures: AtomicU64::new(0),
+                rejected: AtomicU64::new(0),
+                transitions: AtomicU64::new(0),
+            }),
+        }
     }
 }
 

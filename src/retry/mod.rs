@@ -195,7 +195,7 @@ struct Shared {
     max_retry_after: Duration,
     max_replay_bytes: usize,
     seed: Option<u64>,
-    streams: AtomicU64,
+    next_stream: AtomicU64,
     counters: Counters,
 }
 
@@ -378,7 +378,7 @@ impl RetryPolicy {
         self.streams.get_or_insert_with(|| {
             Box::new(match shared.seed {
                 Some(seed) => {
-                    let stream = shared.streams.fetch_add(1, Ordering::Relaxed);
+                    let stream = shared.next_stream.fetch_add(1, Ordering::Relaxed);
                     let seed = seed ^ stream.wrapping_mul(0x9E37_79B9_7F4A_7C15);
                     Streams {
                         schedule: shared.backoff.schedule_seeded(seed),
@@ -511,7 +511,7 @@ impl RetryPolicyBuilder {
                 rules: self.rules,
                 max_replay_bytes: self.max_replay_bytes,
                 seed: self.seed,
-                streams: AtomicU64::new(0),
+                next_stream: AtomicU64::new(0),
                 counters: Counters::default(),
             }),
             attempts: 0,
