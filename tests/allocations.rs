@@ -67,7 +67,10 @@ fn the_success_path_allocates_no_more_than_towers_retry() {
     println!("allocations per call: bare {bare}, tower_retry {tower_retry}, stormguard retry+breaker {stormguard}");
     // Building the request allocates: zeros here would mean the allocator counts
     // nothing, and the comparison below would pass vacuously.
-    assert!(bare >= 1.0, "the counting allocator saw {bare} allocations per call");
+    assert!(
+        bare >= 1.0,
+        "the counting allocator saw {bare} allocations per call"
+    );
     assert!(
         stormguard <= tower_retry,
         "stormguard allocates {stormguard} per call, tower's Retry {tower_retry}"

@@ -155,45 +155,16 @@ impl RetryBudget {
     /// Records an original request (not a retry) made at `now`.
     pub fn deposit(&self, now: Instant) {
         let state = &*self.state;
-        let mut epoch = state.advance(now);
-        loop {
-            let bucket = state.deposits.bucket(epoch);
-            let word = bucket.load(Ordering::Acquire);
-            let Some(count) = state.count_at(word, &mut epoch) else {
-                continue;
-            };
-            let next = pack(epoch, count + 1);
-            if bucket
-                .compare_exchange_weak(word, next, Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok()
-            {
-                return;
-            }
-        }
+        state.count_one(&state.deposits, now, |_, _| true);
     }
 
     /// Takes one retry from the budget at `now`, if it holds one. `false` means the
     /// client has retried as much as it may: fail the request instead.
     pub fn try_withdraw(&self, now: Instant) -> bool {
         let state = &*self.state;
-        let mut epoch = state.advance(now);
-        loop {
-            let bucket = state.withdrawals.bucket(epoch);
-            let word = bucket.load(Ordering::Acquire);
-            let Some(count) = state.count_at(word, &mut epoch) else {
-                continue;
-            };
-            if state.balance(epoch) < UNIT || count >= COUNT_MAX {
-                return false;
-            }
-            let next = pack(epoch, count + 1);
-            if bucket
-                .compare_exchange(word, next, Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok()
-            {
-                return true;
-            }
-        }
+        state.count_one(&state.withdrawals, now, |epoch, count| {
+            count < COUNT_MAX && state.balance(epoch) >= UNIT
+        })
     }
 
     /// How many whole retries the budget would grant at `now`.
@@ -258,6 +229,34 @@ impl State {
             self.withdrawals.restamp(before, epoch, newest);
         }
         before.max(epoch)
+    }
+
+    /// Adds one to `ring`'s bucket for `now` if `allow(epoch, count so far)` says so,
+    /// with one compare-and-swap; `false` if it did not.
+    fn count_one<const N: usize>(
+        &self,
+        ring: &Ring<N>,
+        now: Instant,
+        allow: impl Fn(u64, u64) -> bool,
+    ) -> bool {
+        let mut epoch = self.advance(now);
+        loop {
+            let bucket = ring.bucket(epoch);
+            let word = bucket.load(Ordering::Acquire);
+            let Some(count) = self.count_at(word, &mut epoch) else {
+                continue;
+            };
+            if !allow(epoch, count) {
+                return false;
+            }
+            let next = pack(epoch, count + 1);
+            if bucket
+                .compare_exchange_weak(word, next, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+            {
+                return true;
+            }
+        }
     }
 
     /// The count in bucket `word` for `epoch`: 0 if the bucket is from an older epoch.
