@@ -7,7 +7,8 @@
 //!
 //! | cause | meaning |
 //! |---|---|
-//! | hyper-util connect error, `io::ErrorKind::ConnectionRefused`, h2 `REFUSED_STREAM`, h2 GOAWAY from the server | the request never reached the application: safe to retry for any method |
+//! | h2 `REFUSED_STREAM` or GOAWAY from the server, hyper-util's "canceled" (the request was never written) | the request reached the server but not its application, or never left the client: retried at once, once, for free (a transparent retry, gRFC A6) |
+//! | hyper-util connect error, `io::ErrorKind::ConnectionRefused` | the request never reached the application, but the dependency may be down: an ordinary retry, for any method |
 //! | `tower::timeout::error::Elapsed`, connection reset or aborted, broken pipe, `io::ErrorKind::TimedOut`, hyper's closed, canceled, incomplete or timed-out connections, other h2 stream resets | the request may have been processed: retry idempotent requests only |
 //! | [`CircuitOpen`](crate::CircuitOpen) | a breaker failed fast: never retried |
 //! | anything else | not known to be transient: not retried |
@@ -21,7 +22,13 @@ use crate::BoxError;
 /// What a failed call tells the retry layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum ErrorClass {
-    /// The request provably never reached the application.
+    /// The request provably reached the server but not its application (h2
+    /// `REFUSED_STREAM`, a GOAWAY whose last stream is below it), or never left the
+    /// client: worth one transparent retry (gRFC A6), and says nothing about the
+    /// dependency's health.
+    Unprocessed,
+    /// The request provably never reached the application, but the failure says the
+    /// dependency may be down (the connection was refused): an ordinary retry.
     NotSent,
     /// A transient failure after which the request may have been processed.
     MaybeProcessed,
@@ -74,7 +81,10 @@ pub(crate) fn classify_chain(err: &(dyn Error + 'static)) -> ErrorClass {
     let mut next = Some(err);
     while let Some(err) = next {
         if let Some(found) = classify_one(err) {
-            if matches!(found, ErrorClass::CircuitOpen | ErrorClass::NotSent) {
+            if matches!(
+                found,
+                ErrorClass::CircuitOpen | ErrorClass::NotSent | ErrorClass::Unprocessed
+            ) {
                 return found;
             }
             class = found;
@@ -92,12 +102,21 @@ fn classify_one(err: &(dyn Error + 'static)) -> Option<ErrorClass> {
         return Some(ErrorClass::MaybeProcessed);
     }
     if let Some(err) = err.downcast_ref::<hyper_util::client::legacy::Error>() {
-        return err.is_connect().then_some(ErrorClass::NotSent);
+        if err.is_connect() {
+            return Some(ErrorClass::NotSent);
+        }
+        // hyper-util hands a request back as "canceled" only when the connection took
+        // it back unwritten; its kind has no public accessor, its `Display` names it.
+        // Anything else: look further down the chain.
+        return is_hyper_util_canceled(err).then_some(ErrorClass::Unprocessed);
     }
     if let Some(err) = err.downcast_ref::<h2::Error>() {
+        // A REFUSED_STREAM from the peer is its promise that the stream was not
+        // processed (RFC 9113, 8.7); h2 reports a GOAWAY from the peer only to streams
+        // above its last stream id, and to requests made on a connection draining.
         let refused = err.reason() == Some(h2::Reason::REFUSED_STREAM);
         return Some(if (refused || err.is_go_away()) && err.is_remote() {
-            ErrorClass::NotSent
+            ErrorClass::Unprocessed
         } else if err.is_reset() || err.is_go_away() || err.is_io() {
             ErrorClass::MaybeProcessed
         } else {
@@ -124,6 +143,30 @@ fn classify_one(err: &(dyn Error + 'static)) -> Option<ErrorClass> {
         };
     }
     None
+}
+
+fn is_hyper_util_canceled(err: &hyper_util::client::legacy::Error) -> bool {
+    use std::fmt::Write;
+    /// Compares what is written with one expected text, without allocating.
+    struct Matches<'a> {
+        rest: &'a str,
+        ok: bool,
+    }
+    impl Write for Matches<'_> {
+        fn write_str(&mut self, s: &str) -> std::fmt::Result {
+            match self.rest.strip_prefix(s) {
+                Some(rest) => self.rest = rest,
+                None => self.ok = false,
+            }
+            Ok(())
+        }
+    }
+    let mut m = Matches {
+        rest: "client error (Canceled)",
+        ok: true,
+    };
+    let _ = write!(m, "{err}");
+    m.ok && m.rest.is_empty()
 }
 
 #[cfg(test)]

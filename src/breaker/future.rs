@@ -39,15 +39,9 @@ pin_project! {
 }
 
 impl<F> ResponseFuture<F> {
-    pub(super) fn called(future: F, breaker: CircuitBreaker, permit: Permit) -> Self {
+    pub(super) fn called(future: F, guard: Guard) -> Self {
         ResponseFuture {
-            kind: Kind::Called {
-                future,
-                guard: Guard {
-                    breaker,
-                    permit: Some(permit),
-                },
-            },
+            kind: Kind::Called { future, guard },
         }
     }
 
@@ -102,13 +96,21 @@ where
     }
 }
 
-/// Holds the permit of a call in flight; gives it back unused if dropped first.
-struct Guard {
+/// Holds the permit of a call in flight; gives it back unused if dropped first,
+/// including while a panic in the inner service's `call` or future unwinds.
+pub(super) struct Guard {
     breaker: CircuitBreaker,
     permit: Option<Permit>,
 }
 
 impl Guard {
+    pub(super) fn new(breaker: CircuitBreaker, permit: Permit) -> Self {
+        Guard {
+            breaker,
+            permit: Some(permit),
+        }
+    }
+
     fn finish(&mut self, outcome: stormguard_core::breaker::Outcome) {
         if let Some(permit) = self.permit.take() {
             self.breaker.record(permit, outcome);

@@ -117,7 +117,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 use std::time::{Duration, Instant};
 
 use http::{Request, Response};
@@ -133,7 +133,7 @@ mod layer;
 pub use layer::CircuitBreakerLayer;
 pub use stormguard_core::breaker::{CircuitState, Transition};
 
-use self::future::ResponseFuture;
+use self::future::{Guard, ResponseFuture};
 use crate::error_class::ErrorClass;
 use crate::BoxError;
 use stormguard_core::classify::{GrpcCodeSet, StatusSet};
@@ -353,6 +353,23 @@ impl CircuitBreaker {
         }
     }
 
+    /// The refusal of a call `poll_ready` found the circuit refusing, counted as a
+    /// rejection.
+    fn refusal(&self) -> CircuitOpen {
+        self.shared.rejected.fetch_add(1, Ordering::Relaxed);
+        match self.shared.breaker.check_with(now) {
+            Err(rejected) => CircuitOpen {
+                remaining: rejected.remaining,
+                state: rejected.state,
+            },
+            // The break ended in between: the caller may come again at once.
+            Ok(()) => CircuitOpen {
+                remaining: Duration::ZERO,
+                state: self.state(),
+            },
+        }
+    }
+
     /// Reports the outcome of a call made with `permit`.
     fn record(&self, permit: Permit, outcome: Outcome) {
         let probe = permit.is_probe();
@@ -400,7 +417,9 @@ impl CircuitBreaker {
     /// that breaker has already counted.
     fn classify_error(error: &(dyn std::error::Error + 'static)) -> Outcome {
         match crate::error_class::classify_chain(error) {
-            ErrorClass::CircuitOpen => Outcome::Ignored,
+            // A nested breaker counted it already; a refused stream or a draining
+            // connection says nothing about the dependency's health.
+            ErrorClass::CircuitOpen | ErrorClass::Unprocessed => Outcome::Ignored,
             _ => Outcome::Failure,
         }
     }
@@ -639,6 +658,9 @@ impl CircuitBreakerBuilder {
 pub struct CircuitBreakerService<S> {
     inner: S,
     breaker: CircuitBreaker,
+    /// Whether the last `poll_ready` found the inner service ready (and the circuit
+    /// admitting); `call` refuses without calling it otherwise.
+    inner_ready: bool,
     /// The end of the break, while `poll_ready` waits for it.
     sleep: Option<Pin<Box<Sleep>>>,
     /// A registration for the next change, while `poll_ready` waits for one.
@@ -651,6 +673,7 @@ impl<S> CircuitBreakerService<S> {
         CircuitBreakerService {
             inner,
             breaker,
+            inner_ready: false,
             sleep: None,
             changed: None,
         }
@@ -747,17 +770,38 @@ where
     type Error = BoxError;
     type Future = ResponseFuture<S::Future>;
 
+    /// Fail-fast mode (the default): ready at once, without asking the inner service,
+    /// while the circuit refuses calls, so that `call` fails with [`CircuitOpen`]
+    /// instead of waiting for the capacity of a dependency already considered down (as
+    /// tower's `LoadShed` does). Otherwise, or with
+    /// [`wait_when_open`](CircuitBreakerBuilder::wait_when_open), the inner service's
+    /// readiness.
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        if self.breaker.shared.wait_when_open && self.poll_admission(cx).is_pending() {
-            return Poll::Pending;
+        self.inner_ready = false;
+        if self.breaker.shared.wait_when_open {
+            if self.poll_admission(cx).is_pending() {
+                return Poll::Pending;
+            }
+        } else if self.breaker.shared.breaker.check_with(now).is_err() {
+            return Poll::Ready(Ok(()));
         }
-        self.inner.poll_ready(cx).map_err(Into::into)
+        ready!(self.inner.poll_ready(cx)).map_err(Into::into)?;
+        self.inner_ready = true;
+        Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
+        if !std::mem::replace(&mut self.inner_ready, false) {
+            // The circuit refused at `poll_ready`: the inner service was never asked to
+            // be ready, so the call cannot go to it, even if the circuit admits now.
+            return ResponseFuture::rejected(self.breaker.refusal());
+        }
         match self.breaker.try_acquire() {
+            // The guard exists before the inner call, so a `call` that panics gives
+            // the permit (a half-open probe slot) back as it unwinds.
             Ok(permit) => {
-                ResponseFuture::called(self.inner.call(request), self.breaker.clone(), permit)
+                let guard = Guard::new(self.breaker.clone(), permit);
+                ResponseFuture::called(self.inner.call(request), guard)
             }
             Err(open) => ResponseFuture::rejected(open),
         }

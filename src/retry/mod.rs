@@ -16,8 +16,24 @@
 //!
 //! The wait is the request's own jittered [`Backoff`] delay, or the server's hint when
 //! that is longer (plus up to 10% upward jitter, so clients told "30" do not all come
-//! back in the same millisecond); gRPC pushback is honoured exactly. The wait runs on
-//! tokio's clock, so `tokio::time::pause()` makes tests exact.
+//! back in the same millisecond); gRPC pushback is honoured exactly, and the backoff
+//! starts again from its first ceiling after it (gRFC A6). The wait runs on tokio's
+//! clock, so `tokio::time::pause()` makes tests exact.
+//!
+//! # Transparent retries
+//!
+//! Some failures prove the request reached the server but not its application: an
+//! HTTP/2 `REFUSED_STREAM`, or a GOAWAY that names a last stream below the request's
+//! (a server draining its connection, as nginx does every `keepalive_requests` and any
+//! server does on a graceful restart), or hyper-util handing the request back unwritten.
+//! Such a request is retried **at once and once**, as gRFC A6's transparent retry:
+//! without a backoff wait, without spending an attempt, without a withdrawal from the
+//! budget, whatever its method, and the breaker does not count the failure. A second
+//! such failure for the same request goes through the checks below like any other.
+//! A refused connection is not one of these: it says the dependency may be down, and is
+//! an ordinary retry with backoff. Transparent retries are counted apart
+//! ([`RetryStats::transparent_retries`]), traced with reason `transparent`, and a
+//! gRPC call carries `grpc-transparent-retry-attempts: 1` on its second try.
 //!
 //! Every give-up is reported with its reason (a `tracing` event on target
 //! `stormguard::retry` and a [`RetryStats`] counter), and every response that took more
@@ -51,9 +67,11 @@ mod layer;
 pub use layer::{CloneBodies, ReplayBodies, ReplayRetry, RetryLayer};
 
 use std::fmt;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
 use http::{HeaderValue, Request, Response};
@@ -68,6 +86,10 @@ use crate::error_class::{classify_error, ErrorClass};
 
 /// gRFC A6 caps any gRPC retry policy at five attempts.
 const GRPC_MAX_ATTEMPTS: u32 = 5;
+
+/// Set on a gRPC call's transparent retry (gRFC A6).
+const GRPC_TRANSPARENT_RETRY_ATTEMPTS: http::HeaderName =
+    http::HeaderName::from_static("grpc-transparent-retry-attempts");
 
 /// Request extension: never retry this request.
 ///
@@ -168,6 +190,9 @@ pub struct RetryStats {
     pub not_idempotent: u64,
     /// Retries not made because the server asked for too long a wait or for none.
     pub server_refused: u64,
+    /// Transparent retries: requests the server refused before its application saw
+    /// them, sent again at once without spending an attempt or budget.
+    pub transparent_retries: u64,
 }
 
 #[derive(Debug, Default)]
@@ -180,6 +205,7 @@ struct Counters {
     not_replayable: AtomicU64,
     not_idempotent: AtomicU64,
     server_refused: AtomicU64,
+    transparent_retries: AtomicU64,
 }
 
 fn bump(counter: &AtomicU64) {
@@ -227,8 +253,11 @@ struct Shared {
 #[derive(Clone)]
 pub struct RetryPolicy {
     shared: Arc<Shared>,
-    /// Attempts made for this request so far (0 on the layer's own copy).
+    /// Attempts made for this request so far (0 on the layer's own copy); a transparent
+    /// retry is not one.
     attempts: u32,
+    /// Whether this request has had its one transparent retry.
+    transparent_used: bool,
     /// The request's random streams, made at its first retry. Boxed so that the policy,
     /// which tower moves around with every request, stays three words on the success
     /// path.
@@ -281,6 +310,7 @@ impl RetryPolicy {
             not_replayable: load(&c.not_replayable),
             not_idempotent: load(&c.not_idempotent),
             server_refused: load(&c.server_refused),
+            transparent_retries: load(&c.transparent_retries),
         }
     }
 
@@ -317,10 +347,8 @@ impl RetryPolicy {
         if self.attempts >= max {
             return Err(GiveUp::Exhausted);
         }
-        if let Some(replay) = req.extensions().get::<ReplayHandle>() {
-            if !replay.is_replayable() {
-                return Err(GiveUp::BodyNotReplayable);
-            }
+        if !body_replayable(req) {
+            return Err(GiveUp::BodyNotReplayable);
         }
         if after.is_some_and(|after| after > shared.max_retry_after) {
             return Err(GiveUp::RetryAfterTooLong);
@@ -334,13 +362,36 @@ impl RetryPolicy {
         Ok(after)
     }
 
+    /// The one free retry of a request its server refused before its application saw
+    /// it: at once, no attempt spent, nothing withdrawn from the budget.
+    fn retry_transparently<B>(&mut self, req: &mut Request<B>, grpc: bool) -> Option<Wait> {
+        if !body_replayable(req) {
+            self.give_up(GiveUp::BodyNotReplayable, self.attempts + 1);
+            return None;
+        }
+        self.transparent_used = true;
+        if grpc {
+            req.headers_mut()
+                .insert(GRPC_TRANSPARENT_RETRY_ATTEMPTS, HeaderValue::from(1u32));
+        }
+        bump(&self.shared.counters.transparent_retries);
+        tracing::debug!(
+            target: "stormguard::retry",
+            attempt = self.attempts + 1,
+            delay_ms = 0u64,
+            reason = "transparent",
+            "retrying"
+        );
+        Some(Wait::now())
+    }
+
     /// Hands the outcome back: records why (if it is a give-up) and the attempt count.
     fn finish<Res, E>(
         &self,
         result: &mut Result<Response<Res>, E>,
         attempts: u32,
         why: Option<GiveUp>,
-    ) -> Option<Pin<Box<Sleep>>> {
+    ) -> Option<Wait> {
         if attempts > 1 {
             if let Ok(res) = result {
                 res.extensions_mut().insert(Attempts(attempts));
@@ -515,7 +566,50 @@ impl RetryPolicyBuilder {
                 counters: Counters::default(),
             }),
             attempts: 0,
+            transparent_used: false,
             streams: None,
+        }
+    }
+}
+
+/// Whether the request's body can be sent again (always, but for a [`ReplayBody`]
+/// that went over its cap or was not sent whole).
+///
+/// [`ReplayBody`]: crate::ReplayBody
+fn body_replayable<B>(req: &Request<B>) -> bool {
+    req.extensions()
+        .get::<ReplayHandle>()
+        .is_none_or(ReplayHandle::is_replayable)
+}
+
+/// The wait before a retry: the [`tower::retry::Policy::Future`] of [`RetryPolicy`].
+///
+/// A backoff or server-requested delay on tokio's clock, or no wait at all for a
+/// transparent retry.
+#[derive(Debug)]
+pub struct Wait {
+    sleep: Option<Pin<Box<Sleep>>>,
+}
+
+impl Wait {
+    fn now() -> Self {
+        Wait { sleep: None }
+    }
+
+    fn sleep(delay: Duration) -> Self {
+        Wait {
+            sleep: Some(Box::pin(tokio::time::sleep(delay))),
+        }
+    }
+}
+
+impl Future for Wait {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        match &mut self.sleep {
+            Some(sleep) => sleep.as_mut().poll(cx),
+            None => Poll::Ready(()),
         }
     }
 }
@@ -531,15 +625,13 @@ where
     B: Clone,
     E: 'static,
 {
-    type Future = Pin<Box<Sleep>>;
+    type Future = Wait;
 
     fn retry(
         &mut self,
         req: &mut Request<B>,
         result: &mut Result<Response<ResB>, E>,
-    ) -> Option<Pin<Box<Sleep>>> {
-        self.attempts += 1;
-        let attempts = self.attempts;
+    ) -> Option<Wait> {
         let grpc = is_grpc(req);
         // Whether repeating the request is safe whatever its method: the failure proves
         // the application never saw it, or gRPC declared its code retryable (gRFC A6
@@ -558,14 +650,21 @@ where
                 (class, false)
             }
             Err(err) => match classify_error(err) {
-                ErrorClass::NotSent => (Class::Retryable { after: None }, true),
+                ErrorClass::Unprocessed if !self.transparent_used => {
+                    return self.retry_transparently(req, grpc);
+                }
+                ErrorClass::Unprocessed | ErrorClass::NotSent => {
+                    (Class::Retryable { after: None }, true)
+                }
                 ErrorClass::MaybeProcessed => (Class::Retryable { after: None }, false),
                 ErrorClass::CircuitOpen => {
-                    return self.finish(result, attempts, Some(GiveUp::CircuitOpen))
+                    return self.finish(result, self.attempts + 1, Some(GiveUp::CircuitOpen))
                 }
                 ErrorClass::Unknown => (Class::Permanent, false),
             },
         };
+        self.attempts += 1;
+        let attempts = self.attempts;
         let decision = match class {
             Class::Success => return self.finish(result, attempts, None),
             Class::Permanent => Err(GiveUp::Permanent),
@@ -576,11 +675,17 @@ where
             Ok(after) => after,
             Err(why) => return self.finish(result, attempts, Some(why)),
         };
-        let backoff = self.next_backoff();
         let delay = match after {
-            Some(exact) if grpc => exact,
-            Some(hint) => backoff.max(self.stretch(hint)),
-            None => backoff,
+            Some(exact) if grpc => {
+                // gRFC A6: after the server's own wait, the backoff starts over.
+                self.streams().schedule.restart();
+                exact
+            }
+            Some(hint) => {
+                let backoff = self.next_backoff();
+                backoff.max(self.stretch(hint))
+            }
+            None => self.next_backoff(),
         };
         if grpc {
             req.headers_mut()
@@ -596,7 +701,7 @@ where
             status,
             "retrying"
         );
-        Some(Box::pin(tokio::time::sleep(delay)))
+        Some(Wait::sleep(delay))
     }
 
     fn clone_request(&mut self, req: &Request<B>) -> Option<Request<B>> {

@@ -210,6 +210,28 @@ impl Schedule {
     pub fn retries(&self) -> u32 {
         self.retry
     }
+
+    /// Starts the delays over from the first ceiling, keeping the random stream.
+    ///
+    /// gRFC A6: after a wait the server chose (`grpc-retry-pushback-ms`), "retry delay
+    /// will reset to initial backoff".
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use stormguard_core::{Backoff, Jitter};
+    ///
+    /// let backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(10), Jitter::None)?;
+    /// let mut schedule = backoff.schedule_seeded(1);
+    /// assert_eq!(schedule.next(), Some(Duration::from_millis(100)));
+    /// assert_eq!(schedule.next(), Some(Duration::from_millis(200)));
+    /// schedule.restart();
+    /// assert_eq!(schedule.next(), Some(Duration::from_millis(100)));
+    /// # Ok::<(), stormguard_core::ConfigError>(())
+    /// ```
+    pub fn restart(&mut self) {
+        self.retry = 0;
+        self.previous = self.backoff.base;
+    }
 }
 
 impl Iterator for Schedule {

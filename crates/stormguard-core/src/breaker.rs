@@ -791,6 +791,12 @@ impl Breaker {
     /// What [`try_acquire`](Self::try_acquire) would answer at `now`, without taking a
     /// permit or changing state. Useful to wait for readiness.
     pub fn check(&self, now: Instant) -> Result<(), Rejected> {
+        self.check_with(|| now)
+    }
+
+    /// [`check`](Self::check), reading the time from `now` only when the state needs
+    /// it: a Closed circuit answers without looking at the clock.
+    pub fn check_with(&self, now: impl FnOnce() -> Instant) -> Result<(), Rejected> {
         let word = self.load();
         let rejected = |remaining, state| {
             Err(Rejected {
@@ -802,7 +808,7 @@ impl Breaker {
         match word.state() {
             CircuitState::Closed => Ok(()),
             CircuitState::Isolated => rejected(Duration::ZERO, CircuitState::Isolated),
-            CircuitState::Open => match self.remaining(now) {
+            CircuitState::Open => match self.remaining(now()) {
                 remaining if remaining.is_zero() => Ok(()),
                 remaining => rejected(remaining, CircuitState::Open),
             },

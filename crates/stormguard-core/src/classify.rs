@@ -378,10 +378,16 @@ impl Rules {
         if !self.retryable_grpc_codes.contains(code) {
             return Class::Permanent;
         }
-        match headers.get(GRPC_RETRY_PUSHBACK_MS).map(parse_grpc_pushback) {
-            None => Class::Retryable { after: None },
-            Some(Pushback::After(after)) => Class::Retryable { after: Some(after) },
-            Some(Pushback::DontRetry) => Class::DontRetry,
+        // gRFC A6: a pushback that cannot be read means "do not retry", and a header
+        // sent twice cannot be read as one value.
+        let mut values = headers.get_all(GRPC_RETRY_PUSHBACK_MS).iter();
+        match (values.next(), values.next()) {
+            (None, _) => Class::Retryable { after: None },
+            (Some(_), Some(_)) => Class::DontRetry,
+            (Some(value), None) => match parse_grpc_pushback(value) {
+                Pushback::After(after) => Class::Retryable { after: Some(after) },
+                Pushback::DontRetry => Class::DontRetry,
+            },
         }
     }
 }
@@ -459,6 +465,22 @@ mod tests {
             ),
             Class::DontRetry
         );
+        // Two values cannot be read as one: do not retry (gRFC A6, as grpc-go does),
+        // whether they agree or not.
+        for (a, b) in [("250", "250"), ("250", "500")] {
+            assert_eq!(
+                classify(
+                    200,
+                    &[
+                        ("grpc-status", "14"),
+                        ("grpc-retry-pushback-ms", a),
+                        ("grpc-retry-pushback-ms", b)
+                    ]
+                ),
+                Class::DontRetry,
+                "{a}, {b}"
+            );
+        }
         // gRPC status wins over the HTTP status; garbage falls back to HTTP rules.
         assert_eq!(classify(503, &[("grpc-status", "3")]), Class::Permanent);
         assert_eq!(classify(200, &[("grpc-status", "x")]), Class::Success);
