@@ -19,6 +19,46 @@ use std::io;
 
 use crate::BoxError;
 
+/// An error saying the request provably never reached the server's application: the
+/// server refused it unprocessed, or it never left the client.
+///
+/// stormguard recognises this on its own in hyper's, hyper-util's and h2's errors (a
+/// `REFUSED_STREAM`, a GOAWAY, a request handed back unwritten). A transport of your
+/// own that knows as much can say so by returning this error, or one whose `source()`
+/// chain holds it; the retry layer then makes its one transparent retry (see
+/// [`retry`](crate::retry#transparent-retries)) and a breaker does not count it.
+///
+/// ```
+/// use stormguard::{BoxError, Unprocessed};
+///
+/// let err: BoxError = Box::new(Unprocessed::new("server is draining"));
+/// assert_eq!(err.to_string(), "request not processed: server is draining");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unprocessed {
+    reason: &'static str,
+}
+
+impl Unprocessed {
+    /// An unprocessed request, for the stated reason.
+    pub const fn new(reason: &'static str) -> Self {
+        Unprocessed { reason }
+    }
+
+    /// Why the request was not processed.
+    pub fn reason(&self) -> &'static str {
+        self.reason
+    }
+}
+
+impl std::fmt::Display for Unprocessed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "request not processed: {}", self.reason)
+    }
+}
+
+impl Error for Unprocessed {}
+
 /// What a failed call tells the retry layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum ErrorClass {
@@ -70,7 +110,8 @@ fn as_std_error<E: 'static>(err: &E) -> Option<&(dyn Error + 'static)> {
         h2::Error,
         io::Error,
         tower::timeout::error::Elapsed,
-        crate::CircuitOpen
+        crate::CircuitOpen,
+        Unprocessed
     );
     None
 }
@@ -97,6 +138,9 @@ pub(crate) fn classify_chain(err: &(dyn Error + 'static)) -> ErrorClass {
 fn classify_one(err: &(dyn Error + 'static)) -> Option<ErrorClass> {
     if err.is::<crate::CircuitOpen>() {
         return Some(ErrorClass::CircuitOpen);
+    }
+    if err.is::<Unprocessed>() {
+        return Some(ErrorClass::Unprocessed);
     }
     if err.is::<tower::timeout::error::Elapsed>() {
         return Some(ErrorClass::MaybeProcessed);

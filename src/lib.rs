@@ -8,6 +8,7 @@ mod tower_budget;
 
 pub use body::{NotReplayable, ReplayBody};
 pub use breaker::{BreakerStats, CircuitBreaker, CircuitBreakerLayer, CircuitOpen};
+pub use error_class::Unprocessed;
 pub use retry::{
     Attempts, GiveUp, Idempotent, NoRetry, RetryLayer, RetryPolicy, RetryPolicyBuilder, RetryStats,
 };

@@ -445,3 +445,93 @@ async fn with_retry_outside_an_open_circuit_comes_back_at_once_not_retried() {
     assert_eq!(Instant::now(), started);
     assert_eq!(policy.stats().retries, 2);
 }
+
+/// A service whose `call` or whose response future panics, for the probe tests.
+#[derive(Clone)]
+struct Panicking {
+    in_call: bool,
+}
+
+impl Service<Req> for Panicking {
+    type Response = Res;
+    type Error = BoxError;
+    type Future =
+        std::pin::Pin<Box<dyn std::future::Future<Output = Result<Res, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> Poll<Result<(), BoxError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: Req) -> Self::Future {
+        assert!(!self.in_call, "the service panics in call");
+        Box::pin(async { panic!("the service panics in its future") })
+    }
+}
+
+/// Trips `breaker`, waits out its break, and checks that a probe through a panicking
+/// service gives its half-open slot back.
+async fn a_panicking_probe_gives_its_slot_back(in_call: bool) {
+    let breaker = builder().build().expect("config");
+    let (mut svc, mut handle) = service(&breaker);
+    trip(&mut svc, &mut handle, &breaker).await;
+    advance(BREAK).await;
+
+    let mut panicking = CircuitBreakerLayer::new(breaker.clone()).layer(Panicking { in_call });
+    let ready = panicking.ready().await.expect("ready");
+    let probe = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        ready.call(Request::new(()))
+    }));
+    if let Ok(future) = probe {
+        assert!(!in_call, "call was to panic");
+        let joined = tokio::spawn(future).await;
+        assert!(joined.expect_err("the future panics").is_panic());
+    }
+    assert_eq!(breaker.state(), CircuitState::HalfOpen);
+    // Not wedged: the next caller gets the probe slot, and its success closes.
+    exchange(&mut svc, &mut handle, 200).await;
+    assert_eq!(breaker.state(), CircuitState::Closed);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_probe_whose_call_panics_gives_its_slot_back() {
+    a_panicking_probe_gives_its_slot_back(true).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_probe_whose_future_panics_gives_its_slot_back() {
+    a_panicking_probe_gives_its_slot_back(false).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_open_circuit_fails_fast_even_when_the_inner_service_is_never_ready() {
+    let breaker = builder().build().expect("config");
+    let (mut svc, mut handle) = service(&breaker);
+    trip(&mut svc, &mut handle, &breaker).await;
+    // The dependency is out of capacity (a full Buffer, a ConcurrencyLimit held by hung
+    // calls): its poll_ready never completes.
+    handle.allow(0);
+    let started = Instant::now();
+    for _ in 0..3 {
+        let open = tokio::time::timeout(Duration::from_secs(3600), refused(&mut svc, &mut handle))
+            .await
+            .expect("refused at once, without waiting for the inner service");
+        assert_eq!(open.state(), CircuitState::Open);
+    }
+    assert_eq!(Instant::now(), started, "no time passed waiting");
+    assert_eq!(breaker.stats().rejected, 3);
+
+    // Isolated: the same.
+    breaker.isolate();
+    let open = refused(&mut svc, &mut handle).await;
+    assert_eq!(open.state(), CircuitState::Isolated);
+
+    // Once it admits calls again, readiness is the inner service's.
+    breaker.reset();
+    let ready = tokio::time::timeout(Duration::from_secs(1), svc.ready()).await;
+    assert!(
+        ready.is_err(),
+        "a closed circuit waits for the inner service"
+    );
+    handle.allow(1);
+    exchange(&mut svc, &mut handle, 200).await;
+}

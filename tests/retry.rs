@@ -6,7 +6,7 @@ use std::time::Duration;
 use http::{Method, Request, Response, StatusCode};
 use stormguard::{
     Attempts, Backoff, CircuitOpen, Idempotent, Jitter, NoRetry, RetryBudget, RetryLayer,
-    RetryPolicy,
+    RetryPolicy, Unprocessed,
 };
 use tokio::task::JoinHandle;
 use tokio::time::{advance, Instant};
@@ -482,4 +482,165 @@ async fn a_proxy_503_to_a_grpc_call_is_unavailable_and_retried() {
     assert_eq!(retried.headers()["grpc-previous-rpc-attempts"], "1");
     let response = finished(call).await.expect("response");
     assert_eq!(Attempts::of(&response), 2);
+}
+
+/// A budget that grants nothing.
+fn empty_budget() -> RetryBudget {
+    RetryBudget::builder()
+        .ratio(0.0)
+        .min_per_sec(0)
+        .build()
+        .expect("budget")
+}
+
+/// Fails the next request, which must arrive without the clock moving, with `err`.
+async fn fail_now(handle: &mut Mock, err: impl Into<BoxError>) -> Request<String> {
+    settle().await;
+    let Some((req, send)) = take(handle) else {
+        panic!("no request arrived");
+    };
+    send.send_error(err);
+    settle().await;
+    req
+}
+
+const REFUSED: Unprocessed = Unprocessed::new("refused stream");
+
+#[tokio::test(start_paused = true)]
+async fn a_refused_post_is_retried_at_once_without_an_attempt_or_budget() {
+    // No budget at all, and a POST without a key: neither matters for a request the
+    // server's application never saw.
+    let policy = policy().budget(empty_budget()).build().expect("policy");
+    let (call, mut upstream) = start(policy.clone(), post());
+    fail_now(&mut upstream, REFUSED).await;
+    let again = answer_now(&mut upstream, status(201)).await;
+    assert_eq!(again.method(), Method::POST);
+    let response = finished(call).await.expect("response");
+    assert_eq!(response.status(), StatusCode::CREATED);
+    assert_eq!(
+        Attempts::of(&response),
+        1,
+        "a transparent retry is no attempt"
+    );
+    let stats = policy.stats();
+    assert_eq!(
+        (
+            stats.transparent_retries,
+            stats.retries,
+            stats.budget_denied
+        ),
+        (1, 0, 0)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_transparent_retry_leaves_every_attempt_to_the_policy() {
+    let policy = policy().build().expect("policy");
+    let (call, mut upstream) = start(policy.clone(), get());
+    fail_now(&mut upstream, REFUSED).await;
+    // Three counted attempts follow, with the usual waits.
+    answer_now(&mut upstream, status(503)).await;
+    answer_after(&mut upstream, 200 * MS, status(503)).await;
+    answer_after(&mut upstream, 400 * MS, status(503)).await;
+    let response = finished(call).await.expect("response");
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(Attempts::of(&response), 3);
+    advance(Duration::from_secs(60)).await;
+    assert_nothing_sent(&mut upstream).await;
+    let stats = policy.stats();
+    assert_eq!((stats.transparent_retries, stats.retries), (1, 2));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_second_refusal_goes_through_the_normal_policy() {
+    let policy = policy().build().expect("policy");
+    let (call, mut upstream) = start(policy.clone(), post());
+    fail_now(&mut upstream, REFUSED).await;
+    fail_now(&mut upstream, REFUSED).await;
+    // Now an ordinary retry (safe for a POST: unprocessed), after the backoff.
+    advance(199 * MS).await;
+    assert_nothing_sent(&mut upstream).await;
+    answer_after(&mut upstream, MS, status(201)).await;
+    assert_eq!(status_of(call).await, StatusCode::CREATED);
+    let stats = policy.stats();
+    assert_eq!((stats.transparent_retries, stats.retries), (1, 1));
+
+    // With the budget spent, the second refusal comes back to the caller.
+    let policy = policy_with_budget(empty_budget());
+    let (call, mut upstream) = start(policy.clone(), post());
+    fail_now(&mut upstream, REFUSED).await;
+    fail_now(&mut upstream, REFUSED).await;
+    let err = finished(call).await.expect_err("refused twice, no budget");
+    assert!(err.downcast_ref::<Unprocessed>().is_some(), "{err}");
+    assert_eq!(policy.stats().budget_denied, 1);
+}
+
+fn policy_with_budget(budget: RetryBudget) -> RetryPolicy {
+    policy().budget(budget).build().expect("policy")
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refused_connection_is_an_ordinary_counted_retry() {
+    let policy = policy_with_budget(empty_budget());
+    let (call, mut upstream) = start(policy.clone(), get());
+    fail_now(
+        &mut upstream,
+        io::Error::from(io::ErrorKind::ConnectionRefused),
+    )
+    .await;
+    let err = finished(call).await.expect_err("no budget for it");
+    assert!(err.to_string().contains("refused"), "{err}");
+    advance(Duration::from_secs(60)).await;
+    assert_nothing_sent(&mut upstream).await;
+    let stats = policy.stats();
+    assert_eq!((stats.transparent_retries, stats.budget_denied), (0, 1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_grpc_transparent_retry_says_so_in_its_headers() {
+    let (call, mut upstream) = start(policy().build().expect("policy"), grpc_call());
+    fail_now(&mut upstream, REFUSED).await;
+    let again = answer_now(&mut upstream, grpc_status("0", None)).await;
+    assert_eq!(again.headers()["grpc-transparent-retry-attempts"], "1");
+    assert!(again.headers().get("grpc-previous-rpc-attempts").is_none());
+    finished(call).await.expect("response");
+}
+
+#[tokio::test(start_paused = true)]
+async fn grpc_backoff_starts_over_after_a_pushback() {
+    let policy = RetryPolicy::builder()
+        .max_attempts(5)
+        .backoff(Backoff::new(100 * MS, 20_000 * MS, Jitter::None).expect("backoff"))
+        .seed(7)
+        .build()
+        .expect("policy");
+    let (call, mut upstream) = start(policy, grpc_call());
+    answer_now(&mut upstream, grpc_status("14", None)).await;
+    answer_after(&mut upstream, 100 * MS, grpc_status("14", Some("300"))).await;
+    answer_after(&mut upstream, 300 * MS, grpc_status("14", None)).await;
+    // gRFC A6: "retry delay will reset to initial backoff": 100 ms, then 200 ms
+    // (not 400 ms, then 800 ms).
+    advance(99 * MS).await;
+    assert_nothing_sent(&mut upstream).await;
+    answer_after(&mut upstream, MS, grpc_status("14", None)).await;
+    advance(199 * MS).await;
+    assert_nothing_sent(&mut upstream).await;
+    answer_after(&mut upstream, MS, grpc_status("0", None)).await;
+    let response = finished(call).await.expect("response");
+    assert_eq!(Attempts::of(&response), 5);
+}
+
+#[tokio::test(start_paused = true)]
+async fn two_grpc_pushback_values_mean_do_not_retry() {
+    let policy = policy().build().expect("policy");
+    let (call, mut upstream) = start(policy.clone(), grpc_call());
+    let mut res = grpc_status("14", Some("10"));
+    res.headers_mut()
+        .append("grpc-retry-pushback-ms", "10".parse().expect("header"));
+    answer_now(&mut upstream, res).await;
+    let response = finished(call).await.expect("response");
+    assert_eq!(response.headers()["grpc-status"], "14");
+    advance(Duration::from_secs(60)).await;
+    assert_nothing_sent(&mut upstream).await;
+    assert_eq!(policy.stats().server_refused, 1);
 }
