@@ -4,6 +4,7 @@ pub mod body;
 pub mod breaker;
 mod error_class;
 pub mod retry;
+pub mod signals;
 mod tower_budget;
 
 pub use body::{NotReplayable, ReplayBody};
@@ -13,8 +14,8 @@ pub use retry::{
     Attempts, GiveUp, Idempotent, NoRetry, RetryLayer, RetryPolicy, RetryPolicyBuilder, RetryStats,
 };
 pub use stormguard_core::{
-    backoff, budget, classify, retry_after, Backoff, CircuitState, Class, ConfigError, Jitter,
-    RetryBudget, RetryBudgetBuilder, Transition,
+    backoff, budget, classify, deadline, deadline::Deadline, retry_after, Backoff, CircuitState,
+    Class, ConfigError, Jitter, RetryBudget, RetryBudgetBuilder, Transition,
 };
 pub use tower_budget::TowerBudget;
 

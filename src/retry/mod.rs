@@ -72,12 +72,15 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use http::{HeaderValue, Request, Response};
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
-use stormguard_core::classify::{is_idempotent, Rules, StatusSet, GRPC_PREVIOUS_RPC_ATTEMPTS};
+use stormguard_core::classify::{
+    is_idempotent, Rules, StatusSet, GRPC_PREVIOUS_RPC_ATTEMPTS, X_ATTEMPT_COUNT,
+};
+use stormguard_core::deadline::{grpc_timeout_value, parse_grpc_timeout, Deadline};
 use stormguard_core::{Backoff, Class, ConfigError, RetryBudget, Schedule};
 use tokio::time::Sleep;
 
@@ -86,6 +89,9 @@ use crate::error_class::{classify_error, ErrorClass};
 
 /// gRFC A6 caps any gRPC retry policy at five attempts.
 const GRPC_MAX_ATTEMPTS: u32 = 5;
+
+/// A gRPC call's timeout, rewritten on each retry to the time that remains.
+const GRPC_TIMEOUT: http::HeaderName = http::HeaderName::from_static("grpc-timeout");
 
 /// Set on a gRPC call's transparent retry (gRFC A6).
 const GRPC_TRANSPARENT_RETRY_ATTEMPTS: http::HeaderName =
@@ -145,6 +151,11 @@ pub enum GiveUp {
     Pushback,
     /// A circuit breaker is open.
     CircuitOpen,
+    /// The wait would end after the request's [`Deadline`](crate::Deadline).
+    Deadline,
+    /// The server said its own dependencies gave up: `x-no-retry` (or Finagle's
+    /// `finagle-http-nonretryable-nack`); see [`signals`](crate::signals).
+    DontRetry,
 }
 
 impl GiveUp {
@@ -154,11 +165,13 @@ impl GiveUp {
             GiveUp::Exhausted => "exhausted",
             GiveUp::Permanent => "permanent",
             GiveUp::Budget => "budget",
-            GiveUp::NotIdempotent => "not idempotent",
-            GiveUp::RetryAfterTooLong => "retry-after too long",
-            GiveUp::BodyNotReplayable => "body not replayable",
+            GiveUp::NotIdempotent => "not_idempotent",
+            GiveUp::RetryAfterTooLong => "retry_after_too_long",
+            GiveUp::BodyNotReplayable => "body_not_replayable",
             GiveUp::Pushback => "pushback",
-            GiveUp::CircuitOpen => "circuit open",
+            GiveUp::CircuitOpen => "circuit_open",
+            GiveUp::Deadline => "deadline",
+            GiveUp::DontRetry => "dont_retry",
         }
     }
 }
@@ -188,8 +201,12 @@ pub struct RetryStats {
     pub not_replayable: u64,
     /// Retries not made because the request was not idempotent.
     pub not_idempotent: u64,
-    /// Retries not made because the server asked for too long a wait or for none.
+    /// Retries not made because the server asked for too long a wait or for none
+    /// (`grpc-retry-pushback-ms`, `x-no-retry`).
     pub server_refused: u64,
+    /// Retries not made because their wait would have ended past the request's
+    /// deadline.
+    pub deadline: u64,
     /// Transparent retries: requests the server refused before its application saw
     /// them, sent again at once without spending an attempt or budget.
     pub transparent_retries: u64,
@@ -205,6 +222,7 @@ struct Counters {
     not_replayable: AtomicU64,
     not_idempotent: AtomicU64,
     server_refused: AtomicU64,
+    deadline: AtomicU64,
     transparent_retries: AtomicU64,
 }
 
@@ -258,6 +276,9 @@ pub struct RetryPolicy {
     attempts: u32,
     /// Whether this request has had its one transparent retry.
     transparent_used: bool,
+    /// When the caller stops waiting: the request's [`Deadline`](crate::Deadline) or
+    /// its `grpc-timeout`, read when it is first sent.
+    deadline: Option<Deadline>,
     /// The request's random streams, made at its first retry. Boxed so that the policy,
     /// which tower moves around with every request, stays three words on the success
     /// path.
@@ -310,6 +331,7 @@ impl RetryPolicy {
             not_replayable: load(&c.not_replayable),
             not_idempotent: load(&c.not_idempotent),
             server_refused: load(&c.server_refused),
+            deadline: load(&c.deadline),
             transparent_retries: load(&c.transparent_retries),
         }
     }
@@ -344,7 +366,7 @@ impl RetryPolicy {
         } else {
             shared.max_attempts
         };
-        if self.attempts >= max {
+        if self.attempts >= max || crate::signals::outbound_call_once() {
             return Err(GiveUp::Exhausted);
         }
         if !body_replayable(req) {
@@ -353,13 +375,19 @@ impl RetryPolicy {
         if after.is_some_and(|after| after > shared.max_retry_after) {
             return Err(GiveUp::RetryAfterTooLong);
         }
-        if !shared
-            .budget
-            .try_withdraw(tokio::time::Instant::now().into_std())
-        {
+        Ok(after)
+    }
+
+    /// The last checks, once the wait is known: the deadline, then the budget (so a
+    /// retry that could never finish spends nothing).
+    fn may_wait(&self, now: Instant, delay: Duration) -> Result<(), GiveUp> {
+        if self.deadline.is_some_and(|d| !d.allows(now, delay)) {
+            return Err(GiveUp::Deadline);
+        }
+        if !self.shared.budget.try_withdraw(now) {
             return Err(GiveUp::Budget);
         }
-        Ok(after)
+        Ok(())
     }
 
     /// The one free retry of a request its server refused before its application saw
@@ -411,9 +439,13 @@ impl RetryPolicy {
             GiveUp::Budget => bump(&c.budget_denied),
             GiveUp::NotIdempotent => bump(&c.not_idempotent),
             GiveUp::BodyNotReplayable => bump(&c.not_replayable),
-            GiveUp::RetryAfterTooLong | GiveUp::Pushback => bump(&c.server_refused),
+            GiveUp::RetryAfterTooLong | GiveUp::Pushback | GiveUp::DontRetry => {
+                bump(&c.server_refused)
+            }
+            GiveUp::Deadline => bump(&c.deadline),
             GiveUp::CircuitOpen => {}
         }
+        crate::signals::record_give_up(why);
         match why {
             GiveUp::Permanent => {
                 tracing::debug!(target: "stormguard::retry", attempts, reason = why.as_str(), "giving up")
@@ -567,9 +599,20 @@ impl RetryPolicyBuilder {
             }),
             attempts: 0,
             transparent_used: false,
+            deadline: None,
             streams: None,
         }
     }
+}
+
+/// The request's deadline: its [`Deadline`](crate::Deadline) extension, else its
+/// `grpc-timeout` counted from `now`.
+fn deadline_of<B>(req: &Request<B>, now: Instant) -> Option<Deadline> {
+    if let Some(deadline) = req.extensions().get::<Deadline>() {
+        return Some(*deadline);
+    }
+    let timeout = parse_grpc_timeout(req.headers().get(GRPC_TIMEOUT)?)?;
+    Some(Deadline::after(now, timeout))
 }
 
 /// Whether the request's body can be sent again (always, but for a [`ReplayBody`]
@@ -668,7 +711,8 @@ where
         let decision = match class {
             Class::Success => return self.finish(result, attempts, None),
             Class::Permanent => Err(GiveUp::Permanent),
-            Class::DontRetry => Err(GiveUp::Pushback),
+            Class::DontRetry if grpc => Err(GiveUp::Pushback),
+            Class::DontRetry => Err(GiveUp::DontRetry),
             Class::Retryable { after } => self.may_retry(req, grpc, safe_for_any_method, after),
         };
         let after = match decision {
@@ -687,9 +731,19 @@ where
             }
             None => self.next_backoff(),
         };
+        let now = tokio::time::Instant::now().into_std();
+        if let Err(why) = self.may_wait(now, delay) {
+            return self.finish(result, attempts, Some(why));
+        }
+        let headers = req.headers_mut();
         if grpc {
-            req.headers_mut()
-                .insert(GRPC_PREVIOUS_RPC_ATTEMPTS, HeaderValue::from(attempts));
+            headers.insert(GRPC_PREVIOUS_RPC_ATTEMPTS, HeaderValue::from(attempts));
+            if let Some(deadline) = self.deadline {
+                let left = deadline.remaining(now + delay);
+                headers.insert(GRPC_TIMEOUT, grpc_timeout_value(left));
+            }
+        } else {
+            headers.insert(X_ATTEMPT_COUNT, HeaderValue::from(attempts + 1));
         }
         bump(&self.shared.counters.retries);
         let status = result.as_ref().ok().map(|res| res.status().as_u16());
@@ -705,15 +759,15 @@ where
     }
 
     fn clone_request(&mut self, req: &Request<B>) -> Option<Request<B>> {
-        if self.attempts == 0 {
+        if self.attempts == 0 && !self.transparent_used {
             bump(&self.shared.counters.requests);
-            self.shared
-                .budget
-                .deposit(tokio::time::Instant::now().into_std());
+            let now = tokio::time::Instant::now().into_std();
+            self.shared.budget.deposit(now);
             // Sent once whatever happens: no copy to keep.
             if req.extensions().get::<NoRetry>().is_some() {
                 return None;
             }
+            self.deadline = deadline_of(req, now);
         }
         Some(req.clone())
     }

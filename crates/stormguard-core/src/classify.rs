@@ -12,7 +12,7 @@
 //! | outcome | [`Class`] |
 //! |---|---|
 //! | 1xx, 2xx, 3xx | `Success` |
-//! | 408, 429, 500, 502, 503, 504 (configurable: [`StatusSet`]) | `Retryable`, with the `Retry-After` wait on 429 and 503 |
+//! | 408, 429, 500, 502, 503, 504 (configurable: [`StatusSet`]) | `Retryable`, with the `Retry-After` wait on 429 and 503; `DontRetry` with an [`X_NO_RETRY`] or Finagle's `finagle-http-nonretryable-nack` header |
 //! | 501, 505, every other 4xx and 5xx | `Permanent` |
 //! | `grpc-status: 0` | `Success` |
 //! | `grpc-status: 14` UNAVAILABLE (configurable: [`GrpcCodeSet`]) | `Retryable`, or `DontRetry` when `grpc-retry-pushback-ms` says so |
@@ -51,6 +51,17 @@ pub const GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-ret
 /// The number of earlier attempts of a retried gRPC call (gRFC A6).
 pub const GRPC_PREVIOUS_RPC_ATTEMPTS: HeaderName =
     HeaderName::from_static("grpc-previous-rpc-attempts");
+/// Response header: the server failed because its own dependencies gave up (or it shed
+/// load), and its callers must not retry; the value names why (`budget`, `exhausted`,
+/// `circuit_open`...). stormguard's server-side signals layer sets it, its retry layer
+/// honours it. gRPC's equivalent is `grpc-retry-pushback-ms: -1`.
+pub const X_NO_RETRY: HeaderName = HeaderName::from_static("x-no-retry");
+/// Finagle's "do not retry" response header, honoured like [`X_NO_RETRY`].
+pub const FINAGLE_NONRETRYABLE_NACK: HeaderName =
+    HeaderName::from_static("finagle-http-nonretryable-nack");
+/// Request header: which attempt this is (2 for the first retry), like Envoy's
+/// `x-envoy-attempt-count`. Set by the retry layer on HTTP retries; absent means 1.
+pub const X_ATTEMPT_COUNT: HeaderName = HeaderName::from_static("x-attempt-count");
 
 /// What an outcome means for the next attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -362,6 +373,9 @@ impl Rules {
         if !self.retryable_statuses.contains(status) {
             return Class::Permanent;
         }
+        if headers.contains_key(X_NO_RETRY) || headers.contains_key(FINAGLE_NONRETRYABLE_NACK) {
+            return Class::DontRetry;
+        }
         let after = match status {
             StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE => headers
                 .get(http::header::RETRY_AFTER)
@@ -481,6 +495,14 @@ mod tests {
                 "{a}, {b}"
             );
         }
+        // A server whose own calls gave up says so; retrying it would multiply load.
+        assert_eq!(classify(503, &[("x-no-retry", "budget")]), Class::DontRetry);
+        assert_eq!(
+            classify(503, &[("finagle-http-nonretryable-nack", "true")]),
+            Class::DontRetry
+        );
+        assert_eq!(classify(200, &[("x-no-retry", "budget")]), Class::Success);
+        assert_eq!(classify(400, &[("x-no-retry", "budget")]), Class::Permanent);
         // gRPC status wins over the HTTP status; garbage falls back to HTTP rules.
         assert_eq!(classify(503, &[("grpc-status", "3")]), Class::Permanent);
         assert_eq!(classify(200, &[("grpc-status", "x")]), Class::Success);

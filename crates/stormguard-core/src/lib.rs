@@ -24,6 +24,7 @@ pub mod backoff;
 pub mod breaker;
 pub mod budget;
 pub mod classify;
+pub mod deadline;
 mod error;
 pub mod retry_after;
 
