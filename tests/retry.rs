@@ -644,3 +644,83 @@ async fn two_grpc_pushback_values_mean_do_not_retry() {
     assert_nothing_sent(&mut upstream).await;
     assert_eq!(policy.stats().server_refused, 1);
 }
+
+fn with_deadline(mut req: Request<String>, after: Duration) -> Request<String> {
+    let now = Instant::now().into_std();
+    req.extensions_mut()
+        .insert(stormguard::Deadline::after(now, after));
+    req
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_after_past_the_deadline_returns_at_once_without_budget() {
+    let policy = policy().build().expect("policy");
+    let budget_before = policy.budget().clone();
+    let req = with_deadline(get(), Duration::from_secs(1));
+    let (call, mut upstream) = start(policy.clone(), req);
+    answer_now(&mut upstream, with_header(503, "retry-after", "2")).await;
+    let started = Instant::now();
+    let response = finished(call).await.expect("response");
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(Instant::now(), started, "returned at once");
+    let stats = policy.stats();
+    assert_eq!(
+        (stats.deadline, stats.retries, stats.budget_denied),
+        (1, 0, 0)
+    );
+    // Nothing was withdrawn: the floor's one retry a second is still there.
+    assert!(budget_before.try_withdraw(Instant::now().into_std()));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_backoff_that_fits_the_deadline_is_taken() {
+    let policy = policy().build().expect("policy");
+    let req = with_deadline(get(), Duration::from_millis(500));
+    let (call, mut upstream) = start(policy.clone(), req);
+    answer_now(&mut upstream, status(503)).await;
+    // 200 ms fits in 500 ms; the next wait (400 ms, at 200 ms) would end at 600 ms.
+    let again = answer_after(&mut upstream, 200 * MS, status(503)).await;
+    assert_eq!(again.headers()["x-attempt-count"], "2");
+    let response = finished(call).await.expect("response");
+    assert_eq!(Attempts::of(&response), 2);
+    assert_eq!(policy.stats().deadline, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn grpc_timeout_is_the_deadline_and_is_rewritten_on_each_retry() {
+    let policy = RetryPolicy::builder()
+        .max_attempts(5)
+        .backoff(Backoff::new(100 * MS, 20_000 * MS, Jitter::None).expect("backoff"))
+        .seed(7)
+        .build()
+        .expect("policy");
+    let mut req = grpc_call();
+    req.headers_mut()
+        .insert("grpc-timeout", "1S".parse().expect("header"));
+    let (call, mut upstream) = start(policy.clone(), req);
+    let first = answer_now(&mut upstream, grpc_status("14", None)).await;
+    assert_eq!(first.headers()["grpc-timeout"], "1S");
+    // Retries at 100 ms and 300 ms: 900 ms and 700 ms remain.
+    let second = answer_after(&mut upstream, 100 * MS, grpc_status("14", None)).await;
+    assert_eq!(second.headers()["grpc-timeout"], "900000u");
+    let third = answer_after(&mut upstream, 200 * MS, grpc_status("14", None)).await;
+    assert_eq!(third.headers()["grpc-timeout"], "700000u");
+    // The next wait, 400 ms, would end at 700 ms: fits. The one after (800 ms) would not.
+    let fourth = answer_after(&mut upstream, 400 * MS, grpc_status("14", None)).await;
+    assert_eq!(fourth.headers()["grpc-timeout"], "300000u");
+    let response = finished(call).await.expect("response");
+    assert_eq!(Attempts::of(&response), 4);
+    assert_eq!(policy.stats().deadline, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_no_retry_signal_is_returned_at_once() {
+    let policy = policy().build().expect("policy");
+    let (call, mut upstream) = start(policy.clone(), get());
+    answer_now(&mut upstream, with_header(503, "x-no-retry", "budget")).await;
+    let response = finished(call).await.expect("response");
+    assert_eq!(response.headers()["x-no-retry"], "budget");
+    advance(Duration::from_secs(60)).await;
+    assert_nothing_sent(&mut upstream).await;
+    assert_eq!(policy.stats().server_refused, 1);
+}
