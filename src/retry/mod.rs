@@ -151,7 +151,7 @@ pub enum GiveUp {
     Pushback,
     /// A circuit breaker is open.
     CircuitOpen,
-    /// The wait would end after the request's [`Deadline`](crate::Deadline).
+    /// The wait would end after the request's [`Deadline`].
     Deadline,
     /// The server said its own dependencies gave up: `x-no-retry` (or Finagle's
     /// `finagle-http-nonretryable-nack`); see [`signals`](crate::signals).
@@ -276,7 +276,7 @@ pub struct RetryPolicy {
     attempts: u32,
     /// Whether this request has had its one transparent retry.
     transparent_used: bool,
-    /// When the caller stops waiting: the request's [`Deadline`](crate::Deadline) or
+    /// When the caller stops waiting: the request's [`Deadline`] or
     /// its `grpc-timeout`, read when it is first sent.
     deadline: Option<Deadline>,
     /// The request's random streams, made at its first retry. Boxed so that the policy,
@@ -605,7 +605,7 @@ impl RetryPolicyBuilder {
     }
 }
 
-/// The request's deadline: its [`Deadline`](crate::Deadline) extension, else its
+/// The request's deadline: its [`Deadline`] extension, else its
 /// `grpc-timeout` counted from `now`.
 fn deadline_of<B>(req: &Request<B>, now: Instant) -> Option<Deadline> {
     if let Some(deadline) = req.extensions().get::<Deadline>() {
