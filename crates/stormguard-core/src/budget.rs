@@ -5,7 +5,8 @@
 //! three layers of services that is 3³ = 27 (or 4³ = 64) requests at the bottom for one
 //! user action. A budget bounds the total instead: retries may not exceed a fraction
 //! (`ratio`, 10% by default) of the client's original requests over a rolling window,
-//! plus a small floor (`min_per_sec`) so that a quiet client can still retry at all.
+//! plus a small floor (`min_retries` per window) so that a quiet client can still retry
+//! at all.
 //! When nearly everything is failing the budget is already spent, and the client
 //! degrades to one attempt per request.
 //!
@@ -23,9 +24,9 @@
 //! bucket leaves the window (between 9/10 of the window and the whole window after it
 //! was made); a withdrawal is charged for at least the whole window. So at every grant,
 //! the retries granted in the window ending then, this one included, are at most
-//! `ratio` times the original requests in that window plus `min_per_sec * window`.
+//! `ratio` times the original requests in that window plus `min_retries`.
 //!
-//! The state is 22 atomics whatever the request rate ([`RetryBudget::STATE_BYTES`] in
+//! The state is 23 atomics whatever the request rate ([`RetryBudget::STATE_BYTES`] in
 //! all) and no lock is taken. An operation after a year idle costs what one after a
 //! second does: the call that moves the clock forward restamps at most one ring's worth
 //! of buckets as empty, whatever the gap, so no bucket keeps a stamp old enough to pass
@@ -40,6 +41,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::pace::Pace;
 use crate::ConfigError;
 
 /// Fixed-point units in one retry.
@@ -54,9 +56,9 @@ const STAMP_BITS: u32 = 64 - COUNT_BITS;
 const STAMP_MASK: u64 = (1 << STAMP_BITS) - 1;
 
 /// A retry budget: retries may not exceed `ratio` of original requests over a
-/// rolling `window`, plus `min_per_sec` retries per second.
+/// rolling `window`, plus `min_retries` per window, spent at a `pace`.
 ///
-/// Defaults: ratio 0.1, window 10 s, min_per_sec 1.
+/// Defaults: ratio 0.1, window 10 s, min_retries 1, pace 0.5.
 ///
 /// # Clone
 ///
@@ -67,16 +69,21 @@ const STAMP_MASK: u64 = (1 << STAMP_BITS) - 1;
 /// use std::time::{Duration, Instant};
 /// use stormguard_core::RetryBudget;
 ///
-/// let budget = RetryBudget::builder().ratio(0.1).min_per_sec(0).build()?;
+/// let budget = RetryBudget::builder().ratio(0.1).min_retries(0).build()?;
 /// let now = Instant::now();
 /// for _ in 0..100 {
 ///     budget.deposit(now);
 /// }
+/// // At most half the recent request rate at any moment (the pace): 5 now...
 /// let granted = (0..100).filter(|_| budget.try_withdraw(now)).count();
-/// assert_eq!(granted, 10);
+/// assert_eq!(granted, 5);
+/// // ...and the rest of the 10% over the next tenth of a second.
+/// let later = now + Duration::from_millis(100);
+/// let granted = (0..100).filter(|_| budget.try_withdraw(later)).count();
+/// assert_eq!(granted, 5);
 ///
-/// // Eleven seconds later those deposits have left the window.
-/// assert!(!budget.try_withdraw(now + Duration::from_secs(11)));
+/// // Twelve seconds later those deposits have left the window.
+/// assert!(!budget.try_withdraw(now + Duration::from_secs(12)));
 /// # Ok::<(), stormguard_core::ConfigError>(())
 /// ```
 #[derive(Clone)]
@@ -91,7 +98,12 @@ struct State {
     reserve_units: i64,
     ratio: f64,
     window: Duration,
-    min_per_sec: u32,
+    /// Retries granted in any window even without deposits.
+    min_retries: u64,
+    /// Retries per original request at most, at any moment (`None`: unpaced).
+    pace: Option<f64>,
+    /// How fast retries may be spent: refilled from the recent deposit rate.
+    spend: Pace,
     /// The newest epoch any operation has seen: time never runs backwards here.
     clock: AtomicU64,
     deposits: Ring<{ DEPOSIT_BUCKETS as usize }>,
@@ -147,7 +159,7 @@ impl RetryBudget {
     /// The size of one budget's shared state in bytes, whatever the request rate.
     pub const STATE_BYTES: usize = std::mem::size_of::<State>();
 
-    /// A builder with the defaults: ratio 0.1, window 10 s, min_per_sec 1.
+    /// A builder with the defaults: ratio 0.1, window 10 s, min_retries 1, pace 0.5.
     pub fn builder() -> RetryBudgetBuilder {
         RetryBudgetBuilder::default()
     }
@@ -162,6 +174,14 @@ impl RetryBudget {
     /// client has retried as much as it may: fail the request instead.
     pub fn try_withdraw(&self, now: Instant) -> bool {
         let state = &*self.state;
+        // The balance is looked at first, so that a refusal by the window does not
+        // spend the pace; only a race lost in between can.
+        if state.pace.is_some() && state.balance(state.advance(now)) < UNIT {
+            return false;
+        }
+        if !state.paced(now) {
+            return false;
+        }
         state.count_one(&state.withdrawals, now, |epoch, count| {
             count < COUNT_MAX && state.balance(epoch) >= UNIT
         })
@@ -183,9 +203,15 @@ impl RetryBudget {
         self.state.window
     }
 
-    /// Retries per second granted even without deposits.
-    pub fn min_per_sec(&self) -> u32 {
-        self.state.min_per_sec
+    /// Retries granted in any window even without deposits.
+    pub fn min_retries(&self) -> u64 {
+        self.state.min_retries
+    }
+
+    /// The most retries per original request the budget grants at any moment, or
+    /// `None` when it does not pace its spending.
+    pub fn pace(&self) -> Option<f64> {
+        self.state.pace
     }
 }
 
@@ -200,7 +226,8 @@ impl fmt::Debug for RetryBudget {
         f.debug_struct("RetryBudget")
             .field("ratio", &self.state.ratio)
             .field("window", &self.state.window)
-            .field("min_per_sec", &self.state.min_per_sec)
+            .field("min_retries", &self.state.min_retries)
+            .field("pace", &self.state.pace)
             .finish_non_exhaustive()
     }
 }
@@ -274,6 +301,31 @@ impl State {
         Some(0)
     }
 
+    /// Whether the pace allows a retry at `now`: it refills at `pace` times the rate of
+    /// original requests in the last whole bucket (or the current one, if busier), and
+    /// never slower than the floor's share of the window.
+    fn paced(&self, now: Instant) -> bool {
+        let Some(pace) = self.pace else {
+            return true;
+        };
+        let epoch = self.advance(now);
+        let count = |e: u64| {
+            let word = self.deposits.bucket(e).load(Ordering::Acquire);
+            if word >> COUNT_BITS == e & STAMP_MASK {
+                word & COUNT_MAX
+            } else {
+                0
+            }
+        };
+        let recent = count(epoch).max(count(epoch.saturating_sub(1)));
+        let bucket_secs = self.bucket_nanos as f64 / 1e9;
+        let floor = self.reserve_units as f64 / UNIT as f64 / self.window.as_secs_f64();
+        let per_sec = (pace * recent as f64 / bucket_secs).max(floor);
+        let since = now.saturating_duration_since(self.origin);
+        let ms = u64::try_from(since.as_millis()).unwrap_or(u64::MAX);
+        self.spend.try_take(ms, per_sec)
+    }
+
     /// The floor plus the window's deposits, less its withdrawals, in units.
     fn balance(&self, epoch: u64) -> i64 {
         let paid = i128::from(self.deposits.sum(epoch)) * i128::from(self.deposit_units);
@@ -300,7 +352,15 @@ fn pack(epoch: u64, count: u64) -> u64 {
 pub struct RetryBudgetBuilder {
     ratio: f64,
     window: Duration,
-    min_per_sec: u32,
+    floor: Floor,
+    pace: Option<f64>,
+}
+
+/// How the floor was given.
+#[derive(Debug, Clone, Copy)]
+enum Floor {
+    PerWindow(u32),
+    PerSecond(u32),
 }
 
 impl Default for RetryBudgetBuilder {
@@ -308,10 +368,14 @@ impl Default for RetryBudgetBuilder {
         RetryBudgetBuilder {
             ratio: 0.1,
             window: Duration::from_secs(10),
-            min_per_sec: 1,
+            floor: Floor::PerWindow(1),
+            pace: Some(DEFAULT_PACE),
         }
     }
 }
+
+/// The default [`pace`](RetryBudgetBuilder::pace).
+pub const DEFAULT_PACE: f64 = 0.5;
 
 impl RetryBudgetBuilder {
     /// Retries allowed per original request, from 0 to 1, kept to four decimal places
@@ -328,15 +392,47 @@ impl RetryBudgetBuilder {
         self
     }
 
-    /// Retries per second allowed even with no deposits, so that a client making few
-    /// requests can still retry some \[1\].
+    /// Retries granted in any window even with no deposits, so that a client making
+    /// few requests can still retry some \[1\]. One per client, not one per second:
+    /// a fleet of many small clients must not retry at many times its budget.
+    pub fn min_retries(mut self, retries: u32) -> Self {
+        self.floor = Floor::PerWindow(retries);
+        self
+    }
+
+    /// The floor as a rate: `min_per_sec` retries for every second of the window
+    /// (replaces [`min_retries`](Self::min_retries)).
     pub fn min_per_sec(mut self, min_per_sec: u32) -> Self {
-        self.min_per_sec = min_per_sec;
+        self.floor = Floor::PerSecond(min_per_sec);
+        self
+    }
+
+    /// The most retries per original request the budget grants at any moment:
+    /// retries are spent at most at `pace` times the recent rate of original requests
+    /// (measured over the last bucket, a tenth of the window), with at most 100 ms of
+    /// that rate at once, whatever the balance; `None` spends the balance as fast as
+    /// retries come, from 0.01 to 10 \[0.5\].
+    ///
+    /// Without it, a budget that saved 10% of ten healthy seconds spends a second's
+    /// worth of traffic in retries within a few hundred milliseconds of an outage's
+    /// onset. The floor (`min_retries`) refills it for clients too quiet to, and it
+    /// always holds at least two retries (one request's).
+    pub fn pace(mut self, pace: Option<f64>) -> Self {
+        self.pace = pace;
         self
     }
 
     /// Checks the settings and makes the budget.
     pub fn build(self) -> Result<RetryBudget, ConfigError> {
+        if let Some(pace) = self.pace {
+            if !(0.01..=10.0).contains(&pace) {
+                return Err(ConfigError::invalid(
+                    "budget pace",
+                    pace,
+                    "from 0.01 to 10, or None",
+                ));
+            }
+        }
         if !(0.0..=1.0).contains(&self.ratio) {
             return Err(ConfigError::invalid(
                 "budget ratio",
@@ -356,7 +452,11 @@ impl RetryBudgetBuilder {
     }
 
     fn make(self) -> RetryBudget {
-        let reserve = f64::from(self.min_per_sec) * self.window.as_secs_f64() * UNIT as f64;
+        let min_retries = match self.floor {
+            Floor::PerWindow(n) => f64::from(n),
+            Floor::PerSecond(n) => f64::from(n) * self.window.as_secs_f64(),
+        };
+        let reserve = min_retries * UNIT as f64;
         RetryBudget {
             state: Arc::new(State {
                 // An hour back, so that instants taken shortly before the budget was
@@ -370,7 +470,9 @@ impl RetryBudgetBuilder {
                 reserve_units: reserve.round().min((1u64 << 60) as f64) as i64,
                 ratio: self.ratio,
                 window: self.window,
-                min_per_sec: self.min_per_sec,
+                min_retries: min_retries.min(u64::MAX as f64) as u64,
+                pace: self.pace,
+                spend: Pace::new(),
                 clock: AtomicU64::new(0),
                 deposits: Ring(Default::default()),
                 withdrawals: Ring(Default::default()),
@@ -384,11 +486,13 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// An unpaced budget: these tests check the window's arithmetic.
     fn budget(ratio: f64, window_secs: u64, min_per_sec: u32) -> RetryBudget {
         RetryBudget::builder()
             .ratio(ratio)
             .window(Duration::from_secs(window_secs))
             .min_per_sec(min_per_sec)
+            .pace(None)
             .build()
             .expect("valid budget")
     }
@@ -446,13 +550,62 @@ mod tests {
 
     #[test]
     fn floor_lets_a_quiet_client_retry() {
-        let b = RetryBudget::default();
+        let b = budget(0.1, 10, 1);
         let now = b.state.origin;
         assert_eq!(withdraw_all(&b, now), 10, "1/s over 10 s");
         assert_eq!(withdraw_all(&b, now + Duration::from_secs(5)), 0);
         // Retries are charged for a whole window (rounded up to a bucket).
         assert_eq!(withdraw_all(&b, now + Duration::from_secs(10)), 0);
         assert_eq!(withdraw_all(&b, now + Duration::from_secs(11)), 10);
+    }
+
+    #[test]
+    fn the_default_pace_spreads_the_floor_and_the_savings() {
+        // The floor alone: one retry a window, and no more.
+        let b = RetryBudget::default();
+        let now = b.state.origin + Duration::from_secs(60);
+        let per_second: Vec<u64> = (0..12)
+            .map(|s| withdraw_all(&b, now + Duration::from_secs(s)))
+            .collect();
+        assert_eq!(per_second, [1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
+        // Ten a window, spread at one a second after a burst of two.
+        let b = RetryBudget::builder()
+            .min_per_sec(1)
+            .build()
+            .expect("budget");
+        let per_second: Vec<u64> = (0..12)
+            .map(|s| withdraw_all(&b, now + Duration::from_secs(s)))
+            .collect();
+        assert_eq!(per_second, [2, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 2]);
+
+        // Ten healthy seconds at 1,000 requests a second save 1,000 retries; an outage
+        // may spend them at half the request rate, 50 every 100 ms, plus 100 ms of it
+        // at its onset.
+        let b = RetryBudget::default();
+        let t0 = b.state.origin + Duration::from_secs(60);
+        for ms in 0..10_000 {
+            b.deposit(t0 + Duration::from_millis(ms));
+        }
+        let onset = t0 + Duration::from_secs(10);
+        let mut granted = Vec::new();
+        for tenth in 0..5 {
+            let at = onset + Duration::from_millis(100 * tenth);
+            // A hundred failed first tries in each tenth, each retried at once.
+            let mut n = 0;
+            for _ in 0..100 {
+                b.deposit(at);
+                n += u64::from(b.try_withdraw(at));
+            }
+            granted.push(n);
+        }
+        assert_eq!(granted, [50, 50, 50, 50, 50]);
+        let unpaced = budget(0.1, 10, 1);
+        for ms in 0..10_000 {
+            unpaced.deposit(t0 + Duration::from_millis(ms));
+        }
+        // Unpaced, the window's savings (about 10% of 10 s, plus the floor) go at once.
+        let at_once = withdraw_all(&unpaced, onset);
+        assert!((900..=1_010).contains(&at_once), "{at_once}");
     }
 
     #[test]
@@ -498,9 +651,10 @@ mod tests {
     #[test]
     fn state_is_constant_and_small() {
         assert_eq!(RetryBudget::STATE_BYTES, std::mem::size_of::<State>());
-        // 22 atomics (two rings and the clock) and the configuration, on 64-bit Linux.
+        // 23 atomics (two rings, the clock and the pace) and the configuration, on
+        // 64-bit Linux.
         #[cfg(all(target_pointer_width = "64", target_os = "linux"))]
-        assert_eq!(RetryBudget::STATE_BYTES, 248);
+        assert_eq!(RetryBudget::STATE_BYTES, 272);
     }
 
     #[test]

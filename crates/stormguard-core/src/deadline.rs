@@ -109,7 +109,8 @@ pub fn parse_grpc_timeout(value: &HeaderValue) -> Option<Duration> {
 /// use stormguard_core::deadline::grpc_timeout_value;
 ///
 /// assert_eq!(grpc_timeout_value(Duration::from_millis(1500)), "1500000u");
-/// assert_eq!(grpc_timeout_value(Duration::from_secs(86_400)), "86400S");
+/// assert_eq!(grpc_timeout_value(Duration::from_secs(86_400)), "86400000m");
+/// assert_eq!(grpc_timeout_value(Duration::from_secs(1_000_000)), "1000000S");
 /// assert_eq!(grpc_timeout_value(Duration::ZERO), "0n");
 /// ```
 pub fn grpc_timeout_value(remaining: Duration) -> HeaderValue {

@@ -26,6 +26,7 @@ pub mod budget;
 pub mod classify;
 pub mod deadline;
 mod error;
+mod pace;
 pub mod retry_after;
 
 pub use backoff::{Backoff, Jitter, Schedule};
