@@ -277,7 +277,7 @@ pub(crate) async fn run_worker(
         let (count, sequence) = {
             let info = message.info()?;
             (
-                u32::try_from(info.delivered).unwrap_or(1),
+                u32::try_from(info.delivered.max(1)).unwrap_or(u32::MAX),
                 info.stream_sequence,
             )
         };
