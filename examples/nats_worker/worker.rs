@@ -60,13 +60,13 @@ impl NatsServer {
                 .duration_since(SystemTime::UNIX_EPOCH)
                 .unwrap_or_default()
                 .as_nanos();
-            let store = std::env::temp_dir().join(format!(
-                "stormguard-nats-{}-{port}-{nanos}",
-                std::process::id()
-            ));
+            // Also the server's name, so we know it is ours that answers on the port.
+            let name = format!("stormguard-nats-{}-{port}-{nanos}", std::process::id());
+            let store = std::env::temp_dir().join(&name);
             std::fs::create_dir_all(&store)?;
             let spawned = Command::new("nats-server")
-                .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
+                .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-n", &name])
+                .args(["-js", "-sd"])
                 .arg(&store)
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
@@ -89,7 +89,7 @@ impl NatsServer {
                 store,
                 url: format!("nats://127.0.0.1:{port}"),
             };
-            match server.wait_until_ready(port).await {
+            match server.wait_until_ready(port, &name).await {
                 Ok(()) => return Ok(server),
                 Err(e) => last_error = e.to_string(), // dropped: killed, store removed
             }
@@ -97,16 +97,13 @@ impl NatsServer {
         Err(format!("nats-server did not start: {last_error}").into())
     }
 
-    async fn wait_until_ready(&mut self, port: u16) -> Result<(), BoxError> {
+    async fn wait_until_ready(&mut self, port: u16, name: &str) -> Result<(), BoxError> {
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
             if let Some(status) = self.child.try_wait()? {
                 return Err(format!("exited with {status} (port {port} taken?)").into());
             }
-            if tokio::net::TcpStream::connect(("127.0.0.1", port))
-                .await
-                .is_ok()
-            {
+            if greets_as(port, name).await {
                 return Ok(());
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -117,6 +114,27 @@ impl NatsServer {
     /// `nats://127.0.0.1:PORT`.
     pub(crate) fn url(&self) -> &str {
         &self.url
+    }
+}
+
+/// Whether a NATS server named `name` answers on `port`: its first line is
+/// `INFO {..."server_name":"NAME"...}`. Another process that took the port meanwhile
+/// (another test's server) does not count.
+async fn greets_as(port: u16, name: &str) -> bool {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt};
+    let greeting = async {
+        let stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+        let mut line = String::new();
+        tokio::io::BufReader::new(stream.take(16 * 1024))
+            .read_line(&mut line)
+            .await?;
+        Ok::<_, std::io::Error>(line)
+    };
+    match tokio::time::timeout(Duration::from_secs(1), greeting).await {
+        Ok(Ok(line)) => {
+            line.starts_with("INFO ") && line.contains(&format!("\"server_name\":\"{name}\""))
+        }
+        _ => false,
     }
 }
 
