@@ -7,9 +7,11 @@
 //! attempts without a counter of our own.
 //!
 //! This example runs a tiny in-memory broker on virtual time. Each message's handler
-//! answers with an HTTP status, as a downstream call would. stormguard's core decides:
-//! success deletes the message, a permanent failure is dead-lettered at once with its
-//! reason, a transient one is redelivered after a full-jitter delay in seconds.
+//! answers with an HTTP status, as a downstream call would. stormguard's rules classify
+//! it and the core's [`Redelivery`] decides: success deletes the message, a permanent
+//! failure is dead-lettered at once with its reason, a transient one is redelivered after
+//! a full-jitter delay rounded up to whole seconds, and the last receive allowed
+//! dead-letters it. `examples/nats_worker` does the same against a real broker.
 //!
 //! `cargo run --example queue_redelivery`
 
@@ -21,7 +23,8 @@ use http::{HeaderMap, StatusCode};
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 use stormguard::classify::Rules;
-use stormguard::{Backoff, Class, Jitter};
+use stormguard::redelivery::{Decision, Redelivery};
+use stormguard::{Backoff, Jitter};
 
 /// The broker's redrive policy: after this many receives a message is dead-lettered.
 const MAX_RECEIVE_COUNT: u32 = 5;
@@ -34,41 +37,6 @@ struct Message {
     outcomes: Vec<u16>,
 }
 
-/// What the consumer tells the broker after one delivery.
-#[derive(Debug, PartialEq, Eq)]
-enum Verdict {
-    Delete,
-    Redeliver(Duration),
-    DeadLetter(String),
-}
-
-/// The whole decision: classify the handler's status, then pick a redelivery delay or
-/// a dead-letter reason. No sleeping, no clock: `previous` is the last delay given.
-fn decide(
-    rules: &Rules,
-    backoff: &Backoff,
-    status: StatusCode,
-    receive_count: u32,
-    previous: Duration,
-    rng: &mut SmallRng,
-) -> Verdict {
-    match rules.classify(status, &HeaderMap::new(), SystemTime::UNIX_EPOCH) {
-        Class::Success => Verdict::Delete,
-        Class::Permanent | Class::DontRetry => {
-            Verdict::DeadLetter(format!("permanent failure: {status}"))
-        }
-        Class::Retryable { .. } if receive_count >= MAX_RECEIVE_COUNT => Verdict::DeadLetter(
-            format!("still failing after {receive_count} deliveries: {status}"),
-        ),
-        Class::Retryable { after } => {
-            let delay = backoff.delay(receive_count - 1, previous, rng);
-            // Brokers count visibility timeouts in whole seconds; never less than asked.
-            let secs = delay.as_secs_f64().ceil() as u64;
-            Verdict::Redeliver(Duration::from_secs(secs).max(after.unwrap_or_default()))
-        }
-    }
-}
-
 fn main() -> Result<(), stormguard::ConfigError> {
     // Seconds, not milliseconds: 2 s base, 15 min cap, as a broker-held backoff would use.
     let backoff = Backoff::new(
@@ -76,6 +44,12 @@ fn main() -> Result<(), stormguard::ConfigError> {
         Duration::from_secs(900),
         Jitter::Full,
     )?;
+    // Brokers count visibility timeouts in whole seconds: round up, never down.
+    let redelivery = Redelivery::builder()
+        .backoff(backoff)
+        .max_deliveries(MAX_RECEIVE_COUNT)
+        .resolution(Duration::from_secs(1))
+        .build()?;
     let rules = Rules::default();
     let mut rng = SmallRng::seed_from_u64(7);
 
@@ -98,7 +72,6 @@ fn main() -> Result<(), stormguard::ConfigError> {
             Reverse((0, message))
         })
         .collect();
-    let mut previous = std::collections::HashMap::new();
     let (mut deleted, mut dead) = (0, 0);
 
     // Bounded: every message is received at most MAX_RECEIVE_COUNT times.
@@ -107,35 +80,27 @@ fn main() -> Result<(), stormguard::ConfigError> {
         let index = (message.receive_count - 1) as usize;
         let status = message.outcomes.get(index).copied().unwrap_or(200);
         let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let last = previous.get(message.id).copied().unwrap_or(backoff.base());
-        let verdict = decide(
-            &rules,
-            &backoff,
-            status,
-            message.receive_count,
-            last,
-            &mut rng,
-        );
+        let class = rules.classify(status, &HeaderMap::new(), SystemTime::UNIX_EPOCH);
+        let verdict = redelivery.decide(class, message.receive_count, &mut rng);
         let shown = status.to_string();
         print!(
             "t={now:>4}s  {:<10} receive #{}  {shown:<26} ",
             message.id, message.receive_count
         );
         match verdict {
-            Verdict::Delete => {
+            Decision::Ack => {
                 deleted += 1;
                 println!("-> deleted");
             }
-            Verdict::DeadLetter(reason) => {
+            Decision::DeadLetter(reason) => {
                 dead += 1;
-                println!("-> dead-letter ({reason})");
+                println!("-> dead-letter ({reason}: {status})");
             }
-            Verdict::Redeliver(delay) => {
+            Decision::RetryAfter(delay) => {
                 println!(
                     "-> back to the broker, visible again in {}s",
                     delay.as_secs()
                 );
-                previous.insert(message.id, delay);
                 queue.push(Reverse((now + delay.as_secs(), message)));
             }
         }
