@@ -26,6 +26,7 @@ pub mod budget;
 pub mod classify;
 mod error;
 pub mod retry_after;
+pub mod throttle;
 
 pub use backoff::{Backoff, Jitter, Schedule};
 pub use breaker::{
