@@ -288,16 +288,25 @@ mod tests {
     #[test]
     fn rejects_values_outside_a6_ranges() {
         for bad in [0.0, -1.0, 0.0004, 1000.5, f64::NAN, f64::INFINITY] {
-            let err = RetryThrottle::builder().max_tokens(bad).build().unwrap_err();
+            let err = RetryThrottle::builder()
+                .max_tokens(bad)
+                .build()
+                .unwrap_err();
             assert_eq!(err.field(), "max_tokens", "{bad}");
         }
-        let err = RetryThrottle::builder().max_tokens(0.0).build().unwrap_err();
+        let err = RetryThrottle::builder()
+            .max_tokens(0.0)
+            .build()
+            .unwrap_err();
         assert_eq!(
             err.to_string(),
             "invalid max_tokens: 0.0 (allowed: greater than 0 (at least 0.001) and at most 1000)"
         );
         for bad in [0.0, -0.1, 0.0009, f64::NAN] {
-            let err = RetryThrottle::builder().token_ratio(bad).build().unwrap_err();
+            let err = RetryThrottle::builder()
+                .token_ratio(bad)
+                .build()
+                .unwrap_err();
             assert_eq!(err.field(), "token_ratio", "{bad}");
         }
         assert!(RetryThrottle::builder().max_tokens(1000.0).build().is_ok());
