@@ -179,8 +179,11 @@ pub struct FleetReport {
     pub events: u64,
     /// Wall-clock time the run took.
     pub wall: Duration,
-    /// The most requests in flight at once (memory is proportional to this).
+    /// The most requests in flight at once.
     pub peak_in_flight: usize,
+    /// Request and attempt slots the run allocated: slots are reused, so this follows
+    /// the requests in flight, not the requests made.
+    pub slots: usize,
 }
 
 impl FleetReport {
@@ -279,6 +282,9 @@ pub struct Fleet {
     origin: Instant,
     now: u64,
     seq: u64,
+    /// Arrivals, client choice and request seeds: the same for every strategy.
+    arrivals: SmallRng,
+    /// Service times and partial failures.
     rng: SmallRng,
     heap: BinaryHeap<Reverse<(u64, u64, Kind)>>,
     timeouts: VecDeque<(u64, u32, u32)>,
@@ -328,7 +334,8 @@ impl Fleet {
             ..FleetReport::default()
         };
         Ok(Fleet {
-            rng: SmallRng::seed_from_u64(cfg.seed),
+            arrivals: SmallRng::seed_from_u64(cfg.seed),
+            rng: SmallRng::seed_from_u64(crate::strategy::splitmix(cfg.seed ^ 0x5e71_ce00)),
             cfg,
             strategy,
             rules: Rules::default(),
@@ -355,7 +362,7 @@ impl Fleet {
         let wall = Instant::now();
         let end = (self.cfg.seconds * NS as f64) as u64;
         let mean_gap = NS as f64 / self.cfg.rate;
-        let mut next_arrival = self.exp(mean_gap);
+        let mut next_arrival = exp(&mut self.arrivals, mean_gap);
         let mut next_progress = NS * 5;
         loop {
             let heap_t = self.heap.peek().map(|Reverse((t, _, _))| *t);
@@ -377,7 +384,7 @@ impl Fleet {
                 next_progress += NS * 5;
             }
             if arrival_t == Some(t) {
-                next_arrival = t + self.exp(mean_gap).max(1);
+                next_arrival = t + exp(&mut self.arrivals, mean_gap).max(1);
                 self.arrive();
             } else if timeout_t == Some(t) {
                 if let Some((_, id, gen)) = self.timeouts.pop_front() {
@@ -395,12 +402,12 @@ impl Fleet {
             eprint!("\r{:80}\r", "");
         }
         self.report.wall = wall.elapsed();
+        self.report.slots = self.requests.len() + self.attempts.len();
         self.report
     }
 
     fn exp(&mut self, mean: f64) -> u64 {
-        let u: f64 = self.rng.random();
-        (-(1.0 - u).ln() * mean) as u64
+        exp(&mut self.rng, mean)
     }
 
     fn at(&self, t: u64) -> Instant {
@@ -435,8 +442,8 @@ impl Fleet {
     }
 
     fn arrive(&mut self) {
-        let client = self.rng.random_range(0..self.cfg.clients as u32);
-        let seed: u64 = self.rng.random();
+        let client = self.arrivals.random_range(0..self.cfg.clients as u32);
+        let seed: u64 = self.arrivals.random();
         let s = self.second();
         self.report.offered += 1;
         self.report.offered_per_s[s] += 1;
@@ -686,6 +693,12 @@ impl Fleet {
         self.in_flight -= 1;
         self.free_requests.push(req);
     }
+}
+
+/// An exponentially distributed number of nanoseconds with this mean.
+fn exp(rng: &mut SmallRng, mean: f64) -> u64 {
+    let u: f64 = rng.random();
+    (-(1.0 - u).ln() * mean) as u64
 }
 
 /// Runs `strategy` under `cfg`.
