@@ -150,7 +150,7 @@ impl FleetRow {
 /// The fleet table.
 pub fn fleet_table(rows: &[FleetRow]) -> String {
     let mut s = format!(
-        "{:<20}{:>10}{:>11}{:>11}{:>10}{:>11}{:>10}{:>10}{:>13}\n",
+        "{:<20}{:>10}{:>11}{:>11}{:>10}{:>11}{:>10}{:>10}{:>13}{:>8}\n",
         "strategy",
         "offered",
         "attempts",
@@ -159,7 +159,8 @@ pub fn fleet_table(rows: &[FleetRow]) -> String {
         "ok window",
         "ok after",
         "recovery",
-        "events/s"
+        "events/s",
+        "wall s"
     );
     for r in rows {
         let rec = r
@@ -168,7 +169,7 @@ pub fn fleet_table(rows: &[FleetRow]) -> String {
             .unwrap_or_else(|| "never".into());
         let _ = writeln!(
             s,
-            "{:<20}{:>10}{:>11}{:>11.2}{:>10.2}{:>10.1}%{:>9.1}%{:>10}{:>13}",
+            "{:<20}{:>10}{:>11}{:>11.2}{:>10.2}{:>10.1}%{:>9.1}%{:>10}{:>13}{:>8.2}",
             r.report.strategy,
             r.report.offered,
             r.report.attempts,
@@ -178,6 +179,7 @@ pub fn fleet_table(rows: &[FleetRow]) -> String {
             r.success_after * 100.0,
             rec,
             format!("{:.2e}", r.report.events_per_sec()),
+            r.report.wall.as_secs_f64(),
         );
     }
     s
@@ -283,4 +285,103 @@ fn ratio(a: u64, b: u64) -> f64 {
     } else {
         a as f64 / b as f64
     }
+}
+
+/// Candidate breaker and budget settings for stormguard's defaults: (label, strategy).
+pub fn candidates(attempts: u32) -> Result<Vec<(String, Strategy)>, String> {
+    use stormguard_core::breaker::BreakerConfig;
+
+    use crate::strategy::{BreakerMode, BudgetKind};
+
+    let base = Strategy::named("stormguard+breaker", attempts).ok_or("unknown strategy")?;
+    let breaker = |window: u64, brk: u64, max: u64, probes: u32| {
+        BreakerConfig::builder()
+            .window(Duration::from_secs(window))
+            .break_duration(Duration::from_millis(brk))
+            .max_break_duration(Duration::from_millis(max))
+            .probes(probes)
+            .build()
+            .map_err(|e| e.to_string())
+    };
+    let floor0 = BudgetKind::Core {
+        ratio: 0.1,
+        window: Duration::from_secs(10),
+        min_per_sec: 0,
+    };
+    let mut out = Vec::new();
+    let mut add = |label: &str, budget: Option<BudgetKind>, mode: Option<BreakerMode>| {
+        let mut s = base.clone();
+        if let Some(b) = budget {
+            s.budget = b;
+        }
+        if let Some(m) = mode {
+            s.breaker = m;
+        }
+        s.name = label.to_string();
+        out.push((label.to_string(), s));
+    };
+    add("budget only (current)", None, Some(BreakerMode::Off));
+    add("budget floor 0", Some(floor0), Some(BreakerMode::Off));
+    add("current: 30s/5s..60s/1", None, None);
+    add(
+        "10s/1s..10s/1",
+        None,
+        Some(BreakerMode::AllCalls(breaker(10, 1000, 10_000, 1)?)),
+    );
+    add(
+        "10s/1s..10s/5",
+        None,
+        Some(BreakerMode::AllCalls(breaker(10, 1000, 10_000, 5)?)),
+    );
+    add(
+        "10s/2s..30s/3",
+        None,
+        Some(BreakerMode::AllCalls(breaker(10, 2000, 30_000, 3)?)),
+    );
+    add(
+        "retries-only 10s/1s..10s/1",
+        None,
+        Some(BreakerMode::RetriesOnly(breaker(10, 1000, 10_000, 1)?)),
+    );
+    add(
+        "retries-only 10s/1s..10s/1 floor 0",
+        Some(floor0),
+        Some(BreakerMode::RetriesOnly(breaker(10, 1000, 10_000, 1)?)),
+    );
+    Ok(out)
+}
+
+/// The highest attempts-per-request of any whole second in `[from, to)`: the onset burst.
+pub fn peak_amplification(r: &FleetReport, from: f64, to: f64) -> f64 {
+    let (a, b) = (from.ceil() as usize, to.floor() as usize);
+    (a..b.min(r.offered_per_s.len()))
+        .map(|s| ratio(r.attempts_per_s[s], r.offered_per_s[s]))
+        .fold(0.0, f64::max)
+}
+
+/// The candidates table for one scenario.
+pub fn candidates_table(cfg: &FleetConfig, rows: &[FleetRow]) -> String {
+    let tl = cfg.timeline;
+    let mut s = format!(
+        "{:<36}{:>11}{:>10}{:>11}{:>10}{:>10}{:>10}\n",
+        "candidate", "amp window", "amp peak", "ok window", "ok after", "recovery", "rejected"
+    );
+    for r in rows {
+        let rec = r
+            .recovery
+            .map(|x| format!("{x:.0} s"))
+            .unwrap_or_else(|| "never".into());
+        let _ = writeln!(
+            s,
+            "{:<36}{:>11.2}{:>10.2}{:>10.1}%{:>9.1}%{:>10}{:>10}",
+            r.report.strategy,
+            r.amp_window,
+            peak_amplification(&r.report, tl.start, tl.end()),
+            r.success_window * 100.0,
+            r.success_after * 100.0,
+            rec,
+            r.report.rejected,
+        );
+    }
+    s
 }

@@ -25,6 +25,7 @@ commands:
   retry-curves   Brooker 2022: success and load against the failure rate
   metastable     a brownout trigger; does the server return to goodput afterwards?
   fleet          N open-loop clients through an incident, one row per strategy
+  defaults       candidate breaker/budget settings on an outage and a 60% partial failure
 
 flags:
   --clients N         clients (jitter: 100; metastable: 100; fleet: 1000)
@@ -67,7 +68,8 @@ fn main() -> ExitCode {
         "retry-curves" => cmd_curves(&opts),
         "metastable" => cmd_metastable(&opts),
         "fleet" => cmd_fleet(&opts),
-        _ => unreachable!("checked by the parser"),
+        "defaults" => cmd_defaults(&opts),
+        other => Err(format!("unknown command {other:?}")),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -170,7 +172,7 @@ impl Opts {
                 }
                 flag if flag.starts_with('-') => return Err(format!("unknown flag {flag}")),
                 cmd if o.command.is_empty() => {
-                    if !["jitter", "retry-curves", "metastable", "fleet"].contains(&cmd) {
+                    if !["jitter", "retry-curves", "metastable", "fleet", "defaults"].contains(&cmd) {
                         return Err(format!("unknown command {cmd:?}"));
                     }
                     o.command = cmd.to_string();
@@ -404,6 +406,50 @@ fn cmd_metastable(o: &Opts) -> Result<(), String> {
                 false,
             ),
         )?;
+    }
+    report_speed(events, wall.elapsed());
+    Ok(())
+}
+
+fn cmd_defaults(o: &Opts) -> Result<(), String> {
+    let wall = Instant::now();
+    let clients = o.clients.unwrap_or(1000);
+    let seconds = o.seconds.unwrap_or(60.0);
+    let mut events = 0u64;
+    let mut json = Vec::new();
+    for scenario in [Scenario::Outage, Scenario::Partial(o.fail_ratio)] {
+        let mut cfg = FleetConfig::new(clients, seconds, o.seed);
+        cfg.timeline = Timeline {
+            scenario,
+            start: o.start.unwrap_or((seconds / 3.0).floor()),
+            duration: o.duration.unwrap_or((seconds / 6.0).floor()),
+        };
+        cfg.shared = o.shared;
+        cfg.timeout = Duration::from_millis(o.timeout_ms);
+        let mut rows = Vec::new();
+        for (_, s) in experiments::candidates(o.attempts)? {
+            let r = model::run(&cfg, &s)?;
+            events += r.events;
+            rows.push(FleetRow::new(&cfg, r));
+        }
+        if o.json {
+            json.push(experiments::fleet_json(&rows));
+        } else {
+            println!(
+                "{:?} from {} s for {} s; {} clients ({}), {} req/s, capacity {:.0} req/s; breaker = window/break..max break/probes\n",
+                cfg.timeline.scenario,
+                cfg.timeline.start,
+                cfg.timeline.duration,
+                clients,
+                if cfg.shared { "shared" } else { "per-client" },
+                cfg.rate,
+                cfg.capacity()
+            );
+            println!("{}", experiments::candidates_table(&cfg, &rows));
+        }
+    }
+    if o.json {
+        println!("[{}]", json.join(","));
     }
     report_speed(events, wall.elapsed());
     Ok(())
