@@ -279,7 +279,6 @@ pub struct Fleet {
     cfg: FleetConfig,
     strategy: Strategy,
     rules: Rules,
-    origin: Instant,
     now: u64,
     seq: u64,
     /// Arrivals, client choice and request seeds: the same for every strategy.
@@ -339,7 +338,6 @@ impl Fleet {
             cfg,
             strategy,
             rules: Rules::default(),
-            origin: Instant::now(),
             now: 0,
             seq: 0,
             heap: BinaryHeap::new(),
@@ -410,10 +408,6 @@ impl Fleet {
         exp(&mut self.rng, mean)
     }
 
-    fn at(&self, t: u64) -> Instant {
-        self.origin + Duration::from_nanos(t)
-    }
-
     /// The current virtual second, growing the per-second series while the run drains.
     fn second(&mut self) -> usize {
         let s = (self.now / NS) as usize;
@@ -447,8 +441,8 @@ impl Fleet {
         let s = self.second();
         self.report.offered += 1;
         self.report.offered_per_s[s] += 1;
-        let (now, t) = (self.at(self.now), self.now);
-        self.state(client).on_request(now, t);
+        let t = self.now;
+        self.state(client).on_request(t);
         let req = Request {
             client,
             arrived_s: s as u32,
@@ -475,7 +469,7 @@ impl Fleet {
 
     /// Makes the next attempt of request `req` now.
     fn send(&mut self, req: u32) {
-        let now = self.at(self.now);
+        let t = self.now;
         let (client, first) = {
             let r = &self.requests[req as usize];
             (r.client, r.attempts == 0)
@@ -485,7 +479,9 @@ impl Fleet {
             BreakerMode::Off => {}
             BreakerMode::AllCalls(_) | BreakerMode::RetriesOnly(_) => {
                 let retries_only = matches!(self.strategy.breaker, BreakerMode::RetriesOnly(_));
-                if let Some(b) = &self.state(client).breaker {
+                let state = self.state(client);
+                let now = state.instant(t);
+                if let Some(b) = &state.breaker {
                     match b.try_acquire(now) {
                         Ok(p) => permit = Some(p),
                         // CircuitOpen is DontRetry: the request fails without an attempt.
@@ -598,7 +594,6 @@ impl Fleet {
             (a.req, a.permit.take())
         };
         self.free_attempts.push(id);
-        let now = self.at(self.now);
         let class = match status {
             None => {
                 self.report.timeouts += 1;
@@ -613,7 +608,9 @@ impl Fleet {
         };
         let success = class == Class::Success;
         let client = self.requests[req as usize].client;
+        let t = self.now;
         let state = self.state(client);
+        let now = state.instant(t);
         if let (Some(p), Some(b)) = (permit, &state.breaker) {
             let outcome = match class {
                 Class::Success => Outcome::Success,
@@ -640,8 +637,7 @@ impl Fleet {
             self.finish(req, false);
             return;
         }
-        let t = self.now;
-        match self.state(client).try_retry(now, t, status.is_none()) {
+        match self.state(client).try_retry(t, status.is_none()) {
             Some(spent) => self.requests[req as usize].spent = spent,
             None => {
                 self.finish(req, false);

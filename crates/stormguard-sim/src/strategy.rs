@@ -70,7 +70,8 @@ pub enum BudgetKind {
     Core {
         /// Retries per original request.
         ratio: f64,
-        /// Rolling window.
+        /// Rolling window: a whole number of 10 ms (the core is given time in whole
+        /// milliseconds, and its buckets are a tenth of the window).
         window: Duration,
         /// Floor of retries per second.
         min_per_sec: u32,
@@ -257,24 +258,75 @@ impl BudgetKind {
 #[derive(Debug)]
 pub(crate) struct ClientState {
     pub(crate) budget: BudgetState,
-    pub(crate) breaker: Option<Breaker>,
+    /// Boxed, like the larger budget models, so that the clients' states stay small and
+    /// close together for the strategies that do not use them.
+    pub(crate) breaker: Option<Box<Breaker>>,
     /// Seed of the client's tower backoff RNG (cloned for every request).
     pub(crate) tower_seed: u64,
+    /// The real `Instant` that virtual time 0 maps to for this client's core types.
+    origin: Instant,
 }
+
+/// The longest a `RetryBudget` build may take for its clock origin to be pinned down.
+const ORIGIN_SLACK: Duration = Duration::from_micros(400);
 
 #[derive(Debug)]
 pub(crate) enum BudgetState {
     None,
     Core(RetryBudget),
-    Tps(TpsModel),
+    Tps(Box<TpsModel>),
     A6(RetryThrottle),
     Quota(QuotaModel),
 }
 
 impl ClientState {
     pub(crate) fn new(strategy: &Strategy, seed: u64) -> Result<Self, String> {
-        let budget = match strategy.budget {
+        // `RetryBudget` starts its buckets at the real `Instant` it was built at and
+        // offers no way to choose it. To keep runs a pure function of the seed, the
+        // budget is built between two readings of the clock less than 400 us apart (it
+        // is rebuilt otherwise), the later reading is this client's origin, and the
+        // virtual times handed to the core are whole milliseconds plus 500 us: the
+        // unknown gap (under 400 us) then never moves a time across a bucket boundary,
+        // which lies on a whole millisecond of virtual time for any window that is a
+        // whole number of 10 ms. The core's types thus see time at 1 ms resolution.
+        let mut tries = 0;
+        let (budget, origin) = loop {
+            let before = Instant::now();
+            let budget = Self::budget(strategy)?;
+            let after = Instant::now();
+            tries += 1;
+            if after.duration_since(before) < ORIGIN_SLACK || tries >= 1000 {
+                break (budget, after);
+            }
+        };
+        let breaker = match &strategy.breaker {
+            BreakerMode::Off => None,
+            BreakerMode::AllCalls(c) | BreakerMode::RetriesOnly(c) => {
+                Some(Box::new(Breaker::with_seed(c.clone(), seed)))
+            }
+        };
+        Ok(ClientState {
+            budget,
+            breaker,
+            tower_seed: seed.rotate_left(17) ^ 0x9e37_79b9_7f4a_7c15,
+            origin,
+        })
+    }
+
+    /// The `Instant` the core's types are given for virtual time `t` (ns): whole
+    /// milliseconds plus 500 us after this client's origin.
+    pub(crate) fn instant(&self, t: u64) -> Instant {
+        self.origin + Duration::from_nanos(t / 1_000_000 * 1_000_000 + 500_000)
+    }
+
+    fn budget(strategy: &Strategy) -> Result<BudgetState, String> {
+        Ok(match strategy.budget {
             BudgetKind::None => BudgetState::None,
+            BudgetKind::Core { window, .. } if window.as_nanos() % 10_000_000 != 0 => {
+                return Err(format!(
+                    "budget window {window:?}: the simulator needs a whole number of 10 ms"
+                ))
+            }
             BudgetKind::Core {
                 ratio,
                 window,
@@ -291,7 +343,11 @@ impl ClientState {
                 ttl_secs,
                 min_per_sec,
                 retry_percent,
-            } => BudgetState::Tps(TpsModel::new(ttl_secs, min_per_sec, retry_percent)),
+            } => BudgetState::Tps(Box::new(TpsModel::new(
+                ttl_secs,
+                min_per_sec,
+                retry_percent,
+            ))),
             BudgetKind::A6 {
                 max_tokens,
                 token_ratio,
@@ -314,22 +370,12 @@ impl ClientState {
                 timeout_cost,
                 success_refund,
             }),
-        };
-        let breaker = match &strategy.breaker {
-            BreakerMode::Off => None,
-            BreakerMode::AllCalls(c) | BreakerMode::RetriesOnly(c) => {
-                Some(Breaker::with_seed(c.clone(), seed))
-            }
-        };
-        Ok(ClientState {
-            budget,
-            breaker,
-            tower_seed: seed.rotate_left(17) ^ 0x9e37_79b9_7f4a_7c15,
         })
     }
 
     /// An original request was made at `now` (virtual time `t` in ns).
-    pub(crate) fn on_request(&mut self, now: Instant, t: u64) {
+    pub(crate) fn on_request(&mut self, t: u64) {
+        let now = self.instant(t);
         match &mut self.budget {
             BudgetState::Core(b) => b.deposit(now),
             BudgetState::Tps(b) => b.deposit(t),
@@ -358,7 +404,8 @@ impl ClientState {
 
     /// May a retry be made at `now` after a failure (`timeout` if it timed out)?
     /// Returns the quota it cost (0 for the others) or `None` when refused.
-    pub(crate) fn try_retry(&mut self, now: Instant, t: u64, timeout: bool) -> Option<u32> {
+    pub(crate) fn try_retry(&mut self, t: u64, timeout: bool) -> Option<u32> {
+        let now = self.instant(t);
         match &mut self.budget {
             BudgetState::None => Some(0),
             BudgetState::Core(b) => b.try_withdraw(now).then_some(0),
@@ -525,22 +572,18 @@ mod tests {
     fn quota_follows_the_sdk_costs() {
         let s = Strategy::named("bucket", 3).expect("known");
         let mut c = ClientState::new(&s, 1).expect("state");
-        let now = Instant::now();
         // 500 / 10 = 50 timeout retries, then refused.
-        assert_eq!(
-            (0..60).filter_map(|_| c.try_retry(now, 0, true)).count(),
-            50
-        );
-        assert_eq!(c.try_retry(now, 0, false), None);
+        assert_eq!((0..60).filter_map(|_| c.try_retry(0, true)).count(), 50);
+        assert_eq!(c.try_retry(0, false), None);
         // A success without retries puts back 1; 5 successes pay for one retry.
         for _ in 0..5 {
             c.on_success(0);
         }
-        assert_eq!(c.try_retry(now, 0, false), Some(5));
-        assert_eq!(c.try_retry(now, 0, false), None);
+        assert_eq!(c.try_retry(0, false), Some(5));
+        assert_eq!(c.try_retry(0, false), None);
         // A success after that retry refunds its cost.
         c.on_success(5);
-        assert_eq!(c.try_retry(now, 0, false), Some(5));
+        assert_eq!(c.try_retry(0, false), Some(5));
     }
 
     #[test]
