@@ -30,6 +30,7 @@ mod error;
 mod pace;
 pub mod redelivery;
 pub mod retry_after;
+pub mod throttle;
 
 pub use backoff::{Backoff, Jitter, Schedule};
 pub use breaker::{

@@ -1,0 +1,74 @@
+//! The command line as a script sees it: JSON on stdout, exit 2 on bad flags.
+
+use std::process::{Command, Output};
+
+fn sim(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_stormguard-sim"))
+        .args(args)
+        .output()
+        .expect("the binary runs")
+}
+
+#[test]
+fn jitter_json_has_one_object_per_strategy() {
+    let out = sim(&["jitter", "--clients", "100", "--runs", "2", "--json"]);
+    assert!(out.status.success());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout.trim();
+    assert!(line.starts_with("[{") && line.ends_with("}]"), "{line}");
+    for s in ["none", "exponential", "equal", "full", "decorrelated"] {
+        assert!(
+            line.contains(&format!(
+                "{{\"strategy\":\"{s}\",\"clients\":100,\"calls\":"
+            )),
+            "{s}: {line}"
+        );
+    }
+    assert_eq!(line.matches("\"completion_ms\":").count(), 5);
+    // The speed report goes to stderr, so stdout stays JSON.
+    assert!(String::from_utf8_lossy(&out.stderr).contains("events/s"));
+}
+
+#[test]
+fn bad_flags_exit_2_with_a_reason() {
+    for (args, reason) in [
+        (
+            &["fleet", "--clients", "zero"][..],
+            "--clients: \"zero\" is not a number",
+        ),
+        (&["fleet", "--clients", "0"][..], "--clients: 0 is outside"),
+        (&["fleet", "--bogus"][..], "unknown flag --bogus"),
+        (&["storm"][..], "unknown command \"storm\""),
+        (
+            &["fleet", "--strategy", "none,retry-harder"][..],
+            "unknown strategy \"retry-harder\"",
+        ),
+        (&["fleet", "--seed"][..], "--seed needs a value"),
+        (&["fleet", "--config", "x.toml"][..], "not supported yet"),
+        (&[][..], "no command given"),
+    ] {
+        let out = sim(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(reason), "{args:?}: {stderr}");
+        assert!(out.stdout.is_empty(), "{args:?}");
+    }
+}
+
+#[test]
+fn fleet_prints_a_row_per_strategy_and_events_per_second() {
+    let out = sim(&[
+        "fleet",
+        "--clients",
+        "50",
+        "--seconds",
+        "6",
+        "--strategy",
+        "none,stormguard",
+        "--json",
+    ]);
+    assert!(out.status.success());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(stdout.matches("\"strategy\":").count(), 2, "{stdout}");
+    assert!(stdout.contains("\"events_per_sec\":"));
+}
