@@ -5,7 +5,8 @@
 //! `grpc-retry-pushback-ms` header asks for ([`retry_after`]), whether an outcome is
 //! worth another attempt ([`classify`]), whether the client may still afford a retry
 //! ([`RetryBudget`]) and whether the dependency is taking calls at all
-//! ([`breaker::Breaker`]). Nothing here reads a clock, spawns a task or depends on
+//! ([`breaker::Breaker`]), and when a slow request deserves a hedge
+//! ([`hedge::LatencyEstimator`]). Nothing here reads a clock, spawns a task or depends on
 //! tokio or tower, so the same rules serve the Tower middleware, a queue consumer
 //! that lets its broker hold the backoff, and a simulator running on virtual time.
 //!
@@ -25,6 +26,7 @@ pub mod breaker;
 pub mod budget;
 pub mod classify;
 mod error;
+pub mod hedge;
 pub mod retry_after;
 
 pub use backoff::{Backoff, Jitter, Schedule};
