@@ -23,7 +23,9 @@
 //! scheduled time), the number of responses slower than 200 ms, and `extra_load`: the
 //! requests the server received beyond one per request, per request (0.05 = 5% more
 //! load). A second scenario has the server answer 503 to everything, fast: hedging
-//! must then add no more than the budget allows (10% plus 1 a second).
+//! must then add no more than the budget allows (10% plus 1 a second). There
+//! stormguard hedges after a fixed 10 ms: with nothing succeeding, the percentile delay
+//! would never start, and nothing would be hedged at all.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -200,7 +202,8 @@ async fn run(args: &Args) -> Result<(), BoxError> {
     if !args.json {
         print_table(&rows);
         println!(
-            "\nthen {} GETs at {:.0}/s per strategy; server: every request a 503 after 2-5 ms",
+            "\nthen {} GETs at {:.0}/s per strategy; server: every request a 503 after 2-5 ms \
+             (stormguard: fixed 10 ms delay)",
             args.fail_requests, args.rate
         );
     }
@@ -237,11 +240,15 @@ async fn run(args: &Args) -> Result<(), BoxError> {
         println!("{}", serde_json::to_string_pretty(&json)?);
     } else {
         print_table(&rows[first..]);
+        // A budget grants `ratio` of the requests plus its floor (1/s) over each 10 s
+        // window the run touches.
         let secs = args.fail_requests as f64 / args.rate;
+        let floor = 10.0 * (secs / 10.0).ceil();
         println!(
-            "budget share: 0.10 + 1/s x {secs:.0} s / {} requests = {:.3}",
+            "budget share: 0.1 + 1/s x 10 s x {:.0} window(s) / {} requests = {:.3}",
+            floor / 10.0,
             args.fail_requests,
-            0.1 + secs / args.fail_requests as f64
+            0.1 + floor / args.fail_requests as f64
         );
     }
     Ok(())
@@ -304,7 +311,14 @@ async fn measure(
             Ok::<Res, BoxError>(Response::from_parts(parts, body))
         }
     });
-    let policy = HedgePolicy::default();
+    // With every response a 503 nothing succeeds, so the percentile delay would never
+    // start and nothing would be hedged; a fixed 10 ms delay shows the budget's bound.
+    let policy = match server {
+        Server::SlowTail => HedgePolicy::default(),
+        Server::AllFail => HedgePolicy::builder()
+            .delay(Duration::from_millis(10))
+            .build()?,
+    };
     let stack: Stack = match strategy {
         Strategy::None => BoxCloneService::new(plain),
         // tower's `Hedge` is not `Clone`: a `Buffer` shares the one instance (and its
