@@ -11,8 +11,8 @@
 //!
 //! - **Only requests that are safe to send twice**, by the retry layer's rules: an
 //!   idempotent method (GET, HEAD, OPTIONS, TRACE, PUT, DELETE), an `Idempotency-Key`
-//!   header, or the [`Idempotent`](crate::Idempotent) extension. A POST without a key is
-//!   never hedged, nor is a request carrying [`NoRetry`](crate::NoRetry). gRPC calls
+//!   header, or the [`Idempotent`] extension. A POST without a key is
+//!   never hedged, nor is a request carrying [`NoRetry`]. gRPC calls
 //!   are POSTs: a method that is safe to hedge (gRFC A6 leaves that to its owner) says
 //!   so with the `Idempotent` extension.
 //! - **After a delay**: fixed ([`HedgePolicyBuilder::delay`]), or by default the 95th
@@ -190,7 +190,7 @@ fn add(counter: &AtomicU64, n: u64) {
 #[derive(Debug)]
 enum Delay {
     Fixed(Duration),
-    Percentile(LatencyEstimator),
+    Percentile(Box<LatencyEstimator>),
 }
 
 #[derive(Debug)]
@@ -250,7 +250,7 @@ pub(crate) enum Verdict {
 
 impl Default for HedgePolicy {
     fn default() -> Self {
-        HedgePolicyBuilder::default().make(Delay::Percentile(LatencyEstimator::default()))
+        HedgePolicyBuilder::default().make(Delay::Percentile(Box::default()))
     }
 }
 
@@ -477,7 +477,7 @@ impl HedgePolicyBuilder {
                 }
                 Delay::Fixed(fixed)
             }
-            None => Delay::Percentile(self.estimator.clone().build()?),
+            None => Delay::Percentile(Box::new(self.estimator.clone().build()?)),
         };
         Ok(self.make(delay))
     }
