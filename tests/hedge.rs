@@ -463,3 +463,89 @@ async fn the_percentile_delay_starts_after_min_samples() {
     assert_eq!(res.into_body(), "11");
     assert_eq!(Instant::now() - t0, due + 5 * MS);
 }
+
+/// A streaming body that sends one frame and then never ends (not `Clone`).
+struct Trickle(bool);
+
+impl http_body::Body for Trickle {
+    type Data = bytes::Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
+        if self.0 {
+            return Poll::Pending;
+        }
+        self.0 = true;
+        Poll::Ready(Some(Ok(http_body::Frame::data(bytes::Bytes::from_static(
+            b"abc",
+        )))))
+    }
+}
+
+/// Under `RetryLayer::replay_bodies()`, a hedge replays a body the original sent whole,
+/// and a request whose body is still streaming when the delay is up is not hedged.
+async fn streaming<B>(body: B) -> (String, Vec<String>, stormguard::HedgeStats)
+where
+    B: http_body::Body<Data = bytes::Bytes> + Send + Unpin + 'static,
+    B::Error: Into<BoxError>,
+{
+    use http_body_util::BodyExt;
+    use stormguard::{ReplayBody, RetryLayer, RetryPolicy};
+
+    let policy = fixed(50);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let (c, s) = (calls.clone(), seen.clone());
+    let upstream = tower::service_fn(move |req: Request<ReplayBody<B>>| {
+        let n = c.fetch_add(1, Ordering::SeqCst);
+        let seen = s.clone();
+        async move {
+            let mut body = req.into_body();
+            let mut read = Vec::new();
+            // Read what arrives; a body that stalls for 5 ms is left as it is.
+            while let Ok(Some(frame)) = tokio::time::timeout(5 * MS, body.frame()).await {
+                if let Ok(data) = frame?.into_data() {
+                    read.extend_from_slice(&data);
+                }
+            }
+            seen.lock()
+                .expect("lock")
+                .push(String::from_utf8_lossy(&read).into_owned());
+            tokio::time::sleep(if n == 0 { 1000 * MS } else { 10 * MS }).await;
+            Ok::<_, BoxError>(Response::new(n.to_string()))
+        }
+    });
+    let svc = ServiceBuilder::new()
+        .layer(RetryLayer::new(RetryPolicy::default()).replay_bodies())
+        .layer(HedgeLayer::new(policy.clone()))
+        .service(upstream);
+    let req = Request::get("http://upstream/")
+        .body(body)
+        .expect("request");
+    let res = tokio::time::timeout(Duration::from_secs(3600), svc.oneshot(req))
+        .await
+        .expect("finishes")
+        .expect("response");
+    let seen = seen.lock().expect("lock").clone();
+    (res.into_body(), seen, policy.stats())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hedge_replays_a_body_sent_whole() {
+    let body = http_body_util::Full::new(bytes::Bytes::from_static(b"hello"));
+    let (winner, seen, stats) = streaming(body).await;
+    assert_eq!(winner, "1");
+    assert_eq!(seen, ["hello", "hello"]);
+    assert_eq!(stats.hedges_won, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_body_still_streaming_is_not_hedged() {
+    let (winner, seen, stats) = streaming(Trickle(false)).await;
+    assert_eq!(winner, "0");
+    assert_eq!(seen, ["abc"]);
+    assert_eq!((stats.hedges_sent, stats.suppressed), (0, 1));
+}
