@@ -549,3 +549,47 @@ async fn a_body_still_streaming_is_not_hedged() {
     assert_eq!(seen, ["abc"]);
     assert_eq!((stats.hedges_sent, stats.suppressed), (0, 1));
 }
+
+#[tokio::test(start_paused = true)]
+async fn under_a_retry_layer_a_shared_budget_is_paid_into_once_per_request() {
+    use stormguard::{RetryLayer, RetryPolicy};
+
+    let budget = || {
+        RetryBudget::builder()
+            .ratio(0.5)
+            .min_per_sec(0)
+            .build()
+            .expect("valid budget")
+    };
+    let retry = RetryPolicy::builder()
+        .budget(budget())
+        .build()
+        .expect("valid");
+    let shared = HedgePolicy::builder()
+        .delay(50 * MS)
+        .share_retry_budget(&retry)
+        .build()
+        .expect("valid");
+    let retry2 = RetryPolicy::builder()
+        .budget(budget())
+        .build()
+        .expect("valid");
+    let double = HedgePolicy::builder()
+        .delay(50 * MS)
+        .budget(retry2.budget().clone())
+        .build()
+        .expect("valid");
+    for (retry, hedge, expected) in [(retry, shared, 2), (retry2, double, 4)] {
+        let script = Scripted::new(vec![reply(10, 200)]);
+        let svc = ServiceBuilder::new()
+            .layer(RetryLayer::new(retry.clone()))
+            .layer(HedgeLayer::new(hedge))
+            .service(script.clone());
+        for _ in 0..4 {
+            finish(tokio::spawn(svc.clone().oneshot(get()))).await;
+        }
+        let now = Instant::now().into_std();
+        // 4 requests at 0.5 each: 2 hedges or retries between them, not 4.
+        assert_eq!(retry.budget().available(now), expected);
+    }
+}

@@ -22,9 +22,9 @@
 //!   is that of the attempt that succeeded, from when it was sent.
 //! - **Up to `max_attempts` copies** (2 by default, the original included; at most 5,
 //!   as gRFC A6 caps it), each a delay after the previous one.
-//! - **Every hedge is paid from the [`RetryBudget`]**, the one the retry layer uses
-//!   when you give both the same budget: each hedged request deposits once, each hedge
-//!   withdraws. When the budget is spent (the dependency is failing or slow for many
+//! - **Every hedge is paid from a [`RetryBudget`]**, the retry layer's with
+//!   [`HedgePolicyBuilder::share_retry_budget`]: each hedged request deposits once,
+//!   each hedge withdraws. When the budget is spent (the dependency is failing or slow for many
 //!   requests at once) hedging stops, so hedging can add at most the budget's ratio
 //!   (10%) plus its floor to the load, whatever happens.
 //!
@@ -84,10 +84,12 @@
 //!   (the breaker gives its slot back).
 //! - **Per-copy timeout at the bottom.** A copy that hangs becomes a timeout error, a
 //!   non-fatal failure, so the other copies and then the retry layer carry on.
-//! - **One budget.** Give the retry and the hedge policy the same [`RetryBudget`]: hedges
-//!   and retries then share the 10%. (The hedge layer deposits for every request it sees,
-//!   retries included, so the shared budget grants about 10% of 10% more than it would to
-//!   retries alone.)
+//! - **One budget.** Build the hedge policy with
+//!   [`share_retry_budget(&retry)`](HedgePolicyBuilder::share_retry_budget): hedges and
+//!   retries then draw from the retry policy's budget, 10% between them. The retry layer
+//!   deposits once per request; the hedge layer then deposits nothing, since it sees each
+//!   retry as a request of its own and would otherwise pay in twice per request (and a
+//!   second time per retry), doubling what the budget grants.
 //!
 //! ```
 //! use std::time::Duration;
@@ -99,9 +101,8 @@
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), stormguard::BoxError> {
-//! let budget = RetryBudget::default();
-//! let retry = RetryPolicy::builder().budget(budget.clone()).build()?;
-//! let hedge = HedgePolicy::builder().percentile(0.95).budget(budget.clone()).build()?;
+//! let retry = RetryPolicy::builder().budget(RetryBudget::default()).build()?;
+//! let hedge = HedgePolicy::builder().percentile(0.95).share_retry_budget(&retry).build()?;
 //! let breaker = CircuitBreaker::default();
 //!
 //! let client = ServiceBuilder::new()
@@ -146,7 +147,7 @@ use tower_service::Service;
 
 use crate::body::{NotReplayable, ReplayHandle};
 use crate::error_class::{classify_error, ErrorClass};
-use crate::{BoxError, Idempotent, NoRetry};
+use crate::{BoxError, Idempotent, NoRetry, RetryPolicy};
 
 /// gRFC A6 caps hedging at five attempts.
 const MAX_ATTEMPTS: u32 = 5;
@@ -198,6 +199,9 @@ struct Shared {
     max_attempts: u32,
     delay: Delay,
     budget: RetryBudget,
+    /// Whether this layer pays each request into the budget (not when a retry layer
+    /// above does).
+    deposits: bool,
     rules: Rules,
     counters: Counters,
 }
@@ -386,6 +390,7 @@ pub struct HedgePolicyBuilder {
     fixed: Option<Duration>,
     estimator: LatencyEstimatorBuilder,
     budget: Option<RetryBudget>,
+    deposits: bool,
     rules: Rules,
 }
 
@@ -396,6 +401,7 @@ impl Default for HedgePolicyBuilder {
             fixed: None,
             estimator: LatencyEstimator::builder(),
             budget: None,
+            deposits: true,
             rules: Rules::default(),
         }
     }
@@ -440,10 +446,24 @@ impl HedgePolicyBuilder {
         self
     }
 
-    /// The budget hedges are drawn from; share the retry policy's (by `clone`) [a
-    /// budget of its own with the defaults].
+    /// The budget hedges are drawn from, into which the hedge layer pays each request
+    /// it may hedge [a budget of its own with the defaults]. Under a
+    /// [`RetryLayer`](crate::RetryLayer), use
+    /// [`share_retry_budget`](Self::share_retry_budget) instead.
     pub fn budget(mut self, budget: RetryBudget) -> Self {
         self.budget = Some(budget);
+        self.deposits = true;
+        self
+    }
+
+    /// Draws hedges from `retry`'s budget, which the [`RetryLayer`](crate::RetryLayer)
+    /// above pays into once per request; the hedge layer then pays in nothing, so that
+    /// hedges and retries share one ratio (10% by default) of the original requests.
+    /// Use it only with that retry layer above the hedge layer: without it, nothing is
+    /// paid in and hedges get only the budget's floor.
+    pub fn share_retry_budget(mut self, retry: &RetryPolicy) -> Self {
+        self.budget = Some(retry.budget().clone());
+        self.deposits = false;
         self
     }
 
@@ -488,6 +508,7 @@ impl HedgePolicyBuilder {
                 max_attempts: self.max_attempts,
                 delay,
                 budget: self.budget.unwrap_or_default(),
+                deposits: self.deposits,
                 rules: self.rules,
                 counters: Counters::default(),
             }),
@@ -559,7 +580,9 @@ where
             return ResponseFuture::once(self.inner.call(req));
         }
         let now = tokio::time::Instant::now();
-        self.policy.shared.budget.deposit(now.into_std());
+        if self.policy.shared.deposits {
+            self.policy.shared.budget.deposit(now.into_std());
+        }
         add(&self.policy.counters().requests, 1);
         let grpc = is_grpc(&req);
         match self.policy.delay(now) {
