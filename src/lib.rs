@@ -3,6 +3,7 @@
 pub mod body;
 pub mod breaker;
 mod error_class;
+pub mod hedge;
 pub mod retry;
 pub mod signals;
 mod tower_budget;
@@ -10,6 +11,7 @@ mod tower_budget;
 pub use body::{NotReplayable, ReplayBody};
 pub use breaker::{BreakerStats, CircuitBreaker, CircuitBreakerLayer, CircuitOpen};
 pub use error_class::Unprocessed;
+pub use hedge::{Hedge, HedgeLayer, HedgePolicy, HedgePolicyBuilder, HedgeStats};
 pub use retry::{
     Attempts, GiveUp, Idempotent, NoRetry, RetryLayer, RetryPolicy, RetryPolicyBuilder, RetryStats,
 };

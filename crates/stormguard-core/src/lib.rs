@@ -5,8 +5,10 @@
 //! `grpc-retry-pushback-ms` header asks for ([`retry_after`]), whether an outcome is
 //! worth another attempt ([`classify`]), whether the client may still afford a retry
 //! ([`RetryBudget`]) and whether the dependency is taking calls at all
-//! ([`breaker::Breaker`]), and what a queue consumer tells its broker after a delivery
-//! ([`redelivery`]). Nothing here reads a clock, spawns a task or depends on
+//! ([`breaker::Breaker`]), when a slow request deserves a hedge
+//! ([`hedge::LatencyEstimator`]), how long a retry may still wait ([`deadline`]), and
+//! what a queue consumer tells its broker after a delivery ([`redelivery`]). Nothing
+//! here reads a clock, spawns a task or depends on
 //! tokio or tower, so the same rules serve the Tower middleware, a queue consumer
 //! that lets its broker hold the backoff, and a simulator running on virtual time.
 //!
@@ -27,6 +29,7 @@ pub mod budget;
 pub mod classify;
 pub mod deadline;
 mod error;
+pub mod hedge;
 mod pace;
 pub mod redelivery;
 pub mod retry_after;

@@ -1,0 +1,695 @@
+//! Hedged requests: [`HedgeLayer`] and its [`HedgePolicy`].
+//!
+//! Most of a service's tail latency is a few unlucky requests: a GC pause, a cold
+//! cache, a slow replica. A retry does not help there, because nothing failed; the
+//! caller just waits. A *hedge* is a second copy of the request, sent when the first
+//! has taken longer than most requests do; whichever answers first is used and the
+//! other is cancelled. A server where 5% of requests take 300 ms then has a p99 of a
+//! few milliseconds, for about 5% more requests (see the README's "Hedging" table).
+//!
+//! # What is hedged, and when
+//!
+//! - **Only requests that are safe to send twice**, by the retry layer's rules: an
+//!   idempotent method (GET, HEAD, OPTIONS, TRACE, PUT, DELETE), an `Idempotency-Key`
+//!   header, or the [`Idempotent`] extension. A POST without a key is
+//!   never hedged, nor is a request carrying [`NoRetry`]. gRPC calls
+//!   are POSTs: a method that is safe to hedge (gRFC A6 leaves that to its owner) says
+//!   so with the `Idempotent` extension.
+//! - **After a delay**: fixed ([`HedgePolicyBuilder::delay`]), or by default the 95th
+//!   percentile of recent successful latencies over a rolling 10 s window, never below
+//!   1 ms, and only once the window holds 50 latencies (before that nothing is hedged).
+//!   The estimator is [`stormguard_core::hedge::LatencyEstimator`]; the latency recorded
+//!   is that of the attempt that succeeded, from when it was sent.
+//! - **Up to `max_attempts` copies** (2 by default, the original included; at most 5,
+//!   as gRFC A6 caps it), each a delay after the previous one.
+//! - **Every hedge is paid from a [`RetryBudget`]**, the retry layer's with
+//!   [`HedgePolicyBuilder::share_retry_budget`]: each hedged request deposits once,
+//!   each hedge withdraws. When the budget is spent (the dependency is failing or slow for many
+//!   requests at once) hedging stops, so hedging can add at most the budget's ratio
+//!   (10%) plus its floor to the load, whatever happens.
+//!
+//! # Who wins
+//!
+//! The first response that is not a *non-fatal failure* wins and the other copies are
+//! dropped: their futures are dropped, which with hyper over HTTP/2 resets their streams
+//! (over HTTP/1.1 hyper closes their connections). Non-fatal failures are the retryable
+//! statuses (408, 429, 500, 502, 503, 504), gRPC `UNAVAILABLE` (A6
+//! `nonFatalStatusCodes`; both sets can be replaced), and errors that are transient by
+//! the retry layer's classification (timeouts, resets, refused connections). When one
+//! arrives the next hedge, if any is left, is sent at once (A6). Anything else, a 404
+//! or an unrecognised error, is final and returned as it is. If every copy fails
+//! non-fatally, the last failure is returned.
+//!
+//! Further hedges stop, while the copies in flight go on, when:
+//!
+//! - any attempt's response carries `grpc-retry-pushback-ms` (gRFC A6), or a
+//!   `Retry-After` on a 429 or 503: the server asked clients to slow down;
+//! - an attempt failed with [`CircuitOpen`](crate::CircuitOpen) from a breaker below;
+//! - the budget refuses a hedge;
+//! - the request body cannot be replayed (below).
+//!
+//! # Bodies
+//!
+//! Request bodies are cloned, so they must be `Clone`. Streaming bodies go through
+//! [`ReplayBody`](crate::ReplayBody), by putting
+//! [`RetryLayer::replay_bodies`](crate::RetryLayer::replay_bodies) above. A hedge is
+//! sent only when the original's body was sent to its end within the replay cap; then
+//! the hedge replays it from memory. A request whose body is still streaming when the
+//! delay is up, or went over the cap, is not hedged.
+//!
+//! # Readiness
+//!
+//! The service must be `Clone` (as with `tower::hedge`): the request goes to the service
+//! the caller polled ready, and the response future keeps a clone of it for the hedges.
+//! When a hedge is due, the future polls that clone's `poll_ready` and sends the hedge
+//! once it is ready; while it is not (a concurrency limit is full, a breaker is waiting
+//! to admit calls), the hedge waits and the original may still win meanwhile.
+//!
+//! # Composition
+//!
+//! ```text
+//! RetryLayer           one retry point, outermost: retries what every copy failed
+//!   HedgeLayer         copies slow requests; each copy is an attempt below
+//!     CircuitBreaker   counts every copy, fails fast while open (which stops hedging)
+//!       timeout        per copy, so a hung copy is a non-fatal failure, not a hang
+//!         client
+//! ```
+//!
+//! - **Hedge below retry.** Hedging deals with slowness and retry with failure; a retry
+//!   then starts a new hedged request, with its own delay. With the hedge layer above the
+//!   retry layer, each hedge would carry its own retries and the copies would multiply.
+//! - **Hedge above the breaker.** Every copy is a call the breaker counts, so hedges
+//!   cannot hide a failing dependency from it, and an open breaker fails a hedge at once
+//!   with `CircuitOpen`, which stops further hedges. A cancelled loser counts as nothing
+//!   (the breaker gives its slot back).
+//! - **Per-copy timeout at the bottom.** A copy that hangs becomes a timeout error, a
+//!   non-fatal failure, so the other copies and then the retry layer carry on.
+//! - **One budget.** Build the hedge policy with
+//!   [`share_retry_budget(&retry)`](HedgePolicyBuilder::share_retry_budget): hedges and
+//!   retries then draw from the retry policy's budget, 10% between them. The retry layer
+//!   deposits once per request; the hedge layer then deposits nothing, since it sees each
+//!   retry as a request of its own and would otherwise pay in twice per request (and a
+//!   second time per retry), doubling what the budget grants.
+//!
+//! ```
+//! use std::time::Duration;
+//! use bytes::Bytes;
+//! use http_body_util::Full;
+//! use stormguard::{CircuitBreaker, CircuitBreakerLayer, HedgeLayer, HedgePolicy, RetryBudget,
+//!                  RetryLayer, RetryPolicy};
+//! use tower::{service_fn, ServiceBuilder, ServiceExt};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), stormguard::BoxError> {
+//! let retry = RetryPolicy::builder().budget(RetryBudget::default()).build()?;
+//! let hedge = HedgePolicy::builder().percentile(0.95).share_retry_budget(&retry).build()?;
+//! let breaker = CircuitBreaker::default();
+//!
+//! let client = ServiceBuilder::new()
+//!     .layer(RetryLayer::new(retry))
+//!     .layer(HedgeLayer::new(hedge.clone()))
+//!     .layer(CircuitBreakerLayer::new(breaker))
+//!     .timeout(Duration::from_secs(2))
+//!     .service(service_fn(|_req: http::Request<Full<Bytes>>| async {
+//!         Ok::<_, stormguard::BoxError>(http::Response::new(String::from("hello")))
+//!     }));
+//!
+//! let response = client.oneshot(http::Request::new(Full::from("hi"))).await?;
+//! assert_eq!(response.into_body(), "hello");
+//! assert_eq!(hedge.stats().requests, 1);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Observability
+//!
+//! [`HedgePolicy::stats`] counts hedged requests, hedges sent, hedges won, copies
+//! cancelled, hedges the budget refused and hedges not sent because the server, a
+//! breaker or the body said not to. Each hedge sent, won or refused is a `tracing`
+//! event at debug level on target `stormguard::hedge`.
+
+pub mod future;
+mod layer;
+
+pub use future::ResponseFuture;
+pub use layer::HedgeLayer;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime};
+
+use http::{Request, Response};
+use stormguard_core::classify::{is_idempotent, GrpcCodeSet, Rules, StatusSet};
+use stormguard_core::hedge::{LatencyEstimator, LatencyEstimatorBuilder};
+use stormguard_core::{Class, ConfigError, RetryBudget};
+use tower_service::Service;
+
+use crate::body::{NotReplayable, ReplayHandle};
+use crate::error_class::{classify_error, ErrorClass};
+use crate::{BoxError, Idempotent, NoRetry, RetryPolicy};
+
+/// gRFC A6 caps hedging at five attempts.
+const MAX_ATTEMPTS: u32 = 5;
+
+/// Counters of what a [`HedgePolicy`] (and all its clones) did, read with
+/// [`HedgePolicy::stats`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct HedgeStats {
+    /// Requests that may be hedged (safe to repeat) and went through the layer.
+    pub requests: u64,
+    /// Hedges sent: copies beyond the first.
+    pub hedges_sent: u64,
+    /// Requests answered by a hedge rather than the original.
+    pub hedges_won: u64,
+    /// Copies still in flight when another won, dropped.
+    pub cancelled: u64,
+    /// Hedges the budget refused.
+    pub budget_denied: u64,
+    /// Hedges not sent because the server asked to slow down, a breaker was open or
+    /// the body could not be replayed.
+    pub suppressed: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    requests: AtomicU64,
+    hedges_sent: AtomicU64,
+    hedges_won: AtomicU64,
+    cancelled: AtomicU64,
+    budget_denied: AtomicU64,
+    suppressed: AtomicU64,
+}
+
+fn add(counter: &AtomicU64, n: u64) {
+    if n > 0 {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+#[derive(Debug)]
+enum Delay {
+    Fixed(Duration),
+    Percentile(Box<LatencyEstimator>),
+}
+
+#[derive(Debug)]
+struct Shared {
+    max_attempts: u32,
+    delay: Delay,
+    budget: RetryBudget,
+    /// Whether this layer pays each request into the budget (not when a retry layer
+    /// above does).
+    deposits: bool,
+    rules: Rules,
+    counters: Counters,
+}
+
+/// When and how often to hedge; see the [module docs](self).
+///
+/// `HedgePolicy::default()`: 2 attempts (one hedge), the delay the 95th percentile of
+/// successful latencies over 10 s (at least 1 ms, after 50 latencies), a fresh
+/// [`RetryBudget`] (10% over 10 s, 1/s floor), 408/429/500/502/503/504 and gRPC
+/// UNAVAILABLE non-fatal.
+///
+/// # Clone
+///
+/// Tower clones the policy into every service and response future. Clones share the
+/// configuration, the latency window, the budget and the counters (an `Arc`).
+#[derive(Debug, Clone)]
+pub struct HedgePolicy {
+    shared: Arc<Shared>,
+}
+
+/// Why further hedges stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stop {
+    Pushback,
+    CircuitOpen,
+    NotReplayable,
+    Budget,
+}
+
+impl Stop {
+    fn as_str(self) -> &'static str {
+        match self {
+            Stop::Pushback => "server pushback",
+            Stop::CircuitOpen => "circuit open",
+            Stop::NotReplayable => "body not replayable",
+            Stop::Budget => "budget",
+        }
+    }
+}
+
+/// What an attempt's outcome means for the hedged request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// Return it: a success (`true`, its latency is recorded) or a fatal failure.
+    Final { success: bool },
+    /// A non-fatal failure: wait for the other copies, send the next hedge; `stop` says
+    /// why no further hedge may be sent.
+    NonFatal { stop: Option<Stop> },
+}
+
+impl Default for HedgePolicy {
+    fn default() -> Self {
+        HedgePolicyBuilder::default().make(Delay::Percentile(Box::default()))
+    }
+}
+
+impl HedgePolicy {
+    /// A builder starting from the defaults.
+    pub fn builder() -> HedgePolicyBuilder {
+        HedgePolicyBuilder::default()
+    }
+
+    /// What this policy and all its clones have done so far.
+    pub fn stats(&self) -> HedgeStats {
+        let c = &self.shared.counters;
+        let load = |n: &AtomicU64| n.load(Ordering::Relaxed);
+        HedgeStats {
+            requests: load(&c.requests),
+            hedges_sent: load(&c.hedges_sent),
+            hedges_won: load(&c.hedges_won),
+            cancelled: load(&c.cancelled),
+            budget_denied: load(&c.budget_denied),
+            suppressed: load(&c.suppressed),
+        }
+    }
+
+    /// The budget hedges are drawn from.
+    pub fn budget(&self) -> &RetryBudget {
+        &self.shared.budget
+    }
+
+    /// Copies per request, the original included.
+    pub fn max_attempts(&self) -> u32 {
+        self.shared.max_attempts
+    }
+
+    /// The delay a request sent now would be hedged after, or `None` when it would not
+    /// be hedged yet (too few latencies in the window). Reads tokio's clock.
+    pub fn current_delay(&self) -> Option<Duration> {
+        self.delay(tokio::time::Instant::now())
+    }
+
+    fn delay(&self, now: tokio::time::Instant) -> Option<Duration> {
+        match &self.shared.delay {
+            Delay::Fixed(delay) => Some(*delay),
+            Delay::Percentile(estimator) => estimator.delay(now.into_std()),
+        }
+    }
+
+    /// Whether `req` may be sent more than once.
+    fn may_hedge<B>(&self, req: &Request<B>) -> bool {
+        self.shared.max_attempts > 1
+            && req.extensions().get::<NoRetry>().is_none()
+            && (is_idempotent(req.method(), req.headers())
+                || req.extensions().get::<Idempotent>().is_some())
+    }
+
+    fn record(&self, latency: Duration, now: tokio::time::Instant) {
+        if let Delay::Percentile(estimator) = &self.shared.delay {
+            estimator.record(latency, now.into_std());
+        }
+    }
+
+    fn try_withdraw(&self, now: tokio::time::Instant) -> bool {
+        self.shared.budget.try_withdraw(now.into_std())
+    }
+
+    fn counters(&self) -> &Counters {
+        &self.shared.counters
+    }
+
+    pub(crate) fn judge<ResB, E: 'static>(
+        &self,
+        grpc: bool,
+        result: &Result<Response<ResB>, E>,
+    ) -> Verdict {
+        let rules = &self.shared.rules;
+        let class = match result {
+            Ok(res) if grpc => rules.classify_grpc_response(res.status(), res.headers()),
+            Ok(res) => rules.classify_with(res.status(), res.headers(), SystemTime::now),
+            Err(err) => {
+                return match classify_error(err) {
+                    ErrorClass::CircuitOpen => Verdict::NonFatal {
+                        stop: Some(Stop::CircuitOpen),
+                    },
+                    ErrorClass::NotSent | ErrorClass::MaybeProcessed => {
+                        Verdict::NonFatal { stop: None }
+                    }
+                    ErrorClass::Unknown if is_not_replayable(err) => Verdict::NonFatal {
+                        stop: Some(Stop::NotReplayable),
+                    },
+                    ErrorClass::Unknown => Verdict::Final { success: false },
+                }
+            }
+        };
+        match class {
+            Class::Success => Verdict::Final { success: true },
+            Class::Permanent => Verdict::Final { success: false },
+            Class::Retryable { after: None } => Verdict::NonFatal { stop: None },
+            Class::Retryable { after: Some(_) } | Class::DontRetry => Verdict::NonFatal {
+                stop: Some(Stop::Pushback),
+            },
+        }
+    }
+}
+
+/// Whether `err` is, or was caused by, a replayed body that had nothing whole to
+/// replay: the hedge's body, not the server, failed.
+fn is_not_replayable<E: 'static>(err: &E) -> bool {
+    let any = err as &dyn std::any::Any;
+    let mut next: Option<&(dyn std::error::Error + 'static)> =
+        if let Some(boxed) = any.downcast_ref::<BoxError>() {
+            Some(&**boxed)
+        } else if let Some(err) = any.downcast_ref::<hyper_util::client::legacy::Error>() {
+            Some(err)
+        } else if let Some(err) = any.downcast_ref::<hyper::Error>() {
+            Some(err)
+        } else {
+            None
+        };
+    // Bounded: error chains are finite, and no real one is this deep.
+    for _ in 0..64 {
+        let Some(err) = next else { return false };
+        if err.is::<NotReplayable>() {
+            return true;
+        }
+        next = err.source();
+    }
+    false
+}
+
+/// Builds a [`HedgePolicy`]; every setting has a default.
+#[derive(Debug, Clone)]
+pub struct HedgePolicyBuilder {
+    max_attempts: u32,
+    fixed: Option<Duration>,
+    estimator: LatencyEstimatorBuilder,
+    budget: Option<RetryBudget>,
+    deposits: bool,
+    rules: Rules,
+}
+
+impl Default for HedgePolicyBuilder {
+    fn default() -> Self {
+        HedgePolicyBuilder {
+            max_attempts: 2,
+            fixed: None,
+            estimator: LatencyEstimator::builder(),
+            budget: None,
+            deposits: true,
+            rules: Rules::default(),
+        }
+    }
+}
+
+impl HedgePolicyBuilder {
+    /// Copies per request, the original included, from 1 (no hedging) to 5 \[2\].
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = attempts;
+        self
+    }
+
+    /// A fixed delay between copies, from 1 ms to 1 h, instead of the latency
+    /// percentile [the percentile].
+    pub fn delay(mut self, delay: Duration) -> Self {
+        self.fixed = Some(delay);
+        self
+    }
+
+    /// The latency percentile the delay is taken at, as a fraction strictly between 0
+    /// and 1 \[0.95\].
+    pub fn percentile(mut self, percentile: f64) -> Self {
+        self.estimator = self.estimator.percentile(percentile);
+        self
+    }
+
+    /// How long latencies are remembered, from 10 ms to 1 h \[10 s\].
+    pub fn window(mut self, window: Duration) -> Self {
+        self.estimator = self.estimator.window(window);
+        self
+    }
+
+    /// Latencies needed in the window before anything is hedged \[50\].
+    pub fn min_samples(mut self, samples: u32) -> Self {
+        self.estimator = self.estimator.min_samples(samples);
+        self
+    }
+
+    /// The shortest percentile delay \[1 ms\].
+    pub fn floor(mut self, floor: Duration) -> Self {
+        self.estimator = self.estimator.floor(floor);
+        self
+    }
+
+    /// The budget hedges are drawn from, into which the hedge layer pays each request
+    /// it may hedge [a budget of its own with the defaults]. Under a
+    /// [`RetryLayer`](crate::RetryLayer), use
+    /// [`share_retry_budget`](Self::share_retry_budget) instead.
+    pub fn budget(mut self, budget: RetryBudget) -> Self {
+        self.budget = Some(budget);
+        self.deposits = true;
+        self
+    }
+
+    /// Draws hedges from `retry`'s budget, which the [`RetryLayer`](crate::RetryLayer)
+    /// above pays into once per request; the hedge layer then pays in nothing, so that
+    /// hedges and retries share one ratio (10% by default) of the original requests.
+    /// Use it only with that retry layer above the hedge layer: without it, nothing is
+    /// paid in and hedges get only the budget's floor.
+    pub fn share_retry_budget(mut self, retry: &RetryPolicy) -> Self {
+        self.budget = Some(retry.budget().clone());
+        self.deposits = false;
+        self
+    }
+
+    /// HTTP statuses that do not end a hedged request while other copies may still
+    /// succeed [408, 429, 500, 502, 503, 504].
+    pub fn non_fatal_statuses(mut self, statuses: StatusSet) -> Self {
+        self.rules.retryable_statuses = statuses;
+        self
+    }
+
+    /// gRPC codes that do not end a hedged request (A6 `nonFatalStatusCodes`)
+    /// \[UNAVAILABLE\].
+    pub fn non_fatal_grpc_codes(mut self, codes: GrpcCodeSet) -> Self {
+        self.rules.retryable_grpc_codes = codes;
+        self
+    }
+
+    /// Checks the settings and makes the policy.
+    pub fn build(self) -> Result<HedgePolicy, ConfigError> {
+        if !(1..=MAX_ATTEMPTS).contains(&self.max_attempts) {
+            return Err(ConfigError::invalid(
+                "hedge max_attempts",
+                self.max_attempts,
+                "from 1 to 5 (gRFC A6)",
+            ));
+        }
+        let delay = match self.fixed {
+            Some(fixed) => {
+                if fixed < Duration::from_millis(1) || fixed > Duration::from_secs(3600) {
+                    return Err(ConfigError::invalid("hedge delay", fixed, "from 1ms to 1h"));
+                }
+                Delay::Fixed(fixed)
+            }
+            None => Delay::Percentile(Box::new(self.estimator.clone().build()?)),
+        };
+        Ok(self.make(delay))
+    }
+
+    fn make(self, delay: Delay) -> HedgePolicy {
+        HedgePolicy {
+            shared: Arc::new(Shared {
+                max_attempts: self.max_attempts,
+                delay,
+                budget: self.budget.unwrap_or_default(),
+                deposits: self.deposits,
+                rules: self.rules,
+                counters: Counters::default(),
+            }),
+        }
+    }
+}
+
+fn is_grpc<B>(req: &Request<B>) -> bool {
+    req.headers()
+        .get(http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+}
+
+/// A service that hedges slow requests by a [`HedgePolicy`]; made by [`HedgeLayer`].
+///
+/// # Clone
+///
+/// Clones share the policy (its window, budget and counters); the inner service is
+/// cloned.
+#[derive(Debug, Clone)]
+pub struct Hedge<S> {
+    inner: S,
+    policy: HedgePolicy,
+}
+
+impl<S> Hedge<S> {
+    /// Hedges requests to `inner` by `policy`.
+    pub fn new(inner: S, policy: HedgePolicy) -> Self {
+        Hedge { inner, policy }
+    }
+
+    /// The policy requests are hedged by.
+    pub fn policy(&self) -> &HedgePolicy {
+        &self.policy
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service, consuming the layer.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S, B, ResB> Service<Request<B>> for Hedge<S>
+where
+    S: Service<Request<B>, Response = Response<ResB>> + Clone,
+    S::Error: 'static,
+    B: Clone,
+{
+    type Response = Response<ResB>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S, B>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        if !self.policy.may_hedge(&req) {
+            return ResponseFuture::once(self.inner.call(req));
+        }
+        let now = tokio::time::Instant::now();
+        if self.policy.shared.deposits {
+            self.policy.shared.budget.deposit(now.into_std());
+        }
+        add(&self.policy.counters().requests, 1);
+        let grpc = is_grpc(&req);
+        match self.policy.delay(now) {
+            None => ResponseFuture::timed(self.inner.call(req), now, self.policy.clone(), grpc),
+            Some(delay) => {
+                // The clone is polled ready by the response future before each hedge.
+                let service = self.inner.clone();
+                let copy = req.clone();
+                let replay = req.extensions().get::<ReplayHandle>().cloned();
+                let first = self.inner.call(req);
+                ResponseFuture::hedged(future::Hedged {
+                    policy: self.policy.clone(),
+                    grpc,
+                    delay,
+                    first,
+                    started: now,
+                    service,
+                    copy,
+                    replay,
+                })
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_settings_are_errors() {
+        let b = HedgePolicy::builder;
+        assert_eq!(
+            b().max_attempts(6).build().unwrap_err().to_string(),
+            "invalid hedge max_attempts: 6 (allowed: from 1 to 5 (gRFC A6))"
+        );
+        assert_eq!(
+            b().max_attempts(0).build().unwrap_err().field(),
+            "hedge max_attempts"
+        );
+        assert_eq!(
+            b().delay(Duration::ZERO).build().unwrap_err().field(),
+            "hedge delay"
+        );
+        assert_eq!(
+            b().percentile(1.5).build().unwrap_err().field(),
+            "hedge percentile"
+        );
+    }
+
+    #[test]
+    fn verdicts() {
+        let policy = HedgePolicy::default();
+        let res = |status: u16, headers: &[(&'static str, &'static str)]| {
+            let mut res = Response::new(());
+            *res.status_mut() = http::StatusCode::from_u16(status).expect("status");
+            for (k, v) in headers {
+                res.headers_mut()
+                    .insert(*k, http::HeaderValue::from_static(v));
+            }
+            Ok::<_, BoxError>(res)
+        };
+        let http = |r| policy.judge(false, &r);
+        assert_eq!(http(res(200, &[])), Verdict::Final { success: true });
+        assert_eq!(http(res(404, &[])), Verdict::Final { success: false });
+        assert_eq!(http(res(503, &[])), Verdict::NonFatal { stop: None });
+        assert_eq!(
+            http(res(503, &[("retry-after", "3")])),
+            Verdict::NonFatal {
+                stop: Some(Stop::Pushback)
+            }
+        );
+        let grpc = |r| policy.judge(true, &r);
+        assert_eq!(
+            grpc(res(200, &[("grpc-status", "14")])),
+            Verdict::NonFatal { stop: None }
+        );
+        assert_eq!(
+            grpc(res(
+                200,
+                &[("grpc-status", "14"), ("grpc-retry-pushback-ms", "-1")]
+            )),
+            Verdict::NonFatal {
+                stop: Some(Stop::Pushback)
+            }
+        );
+        assert_eq!(
+            grpc(res(200, &[("grpc-status", "3")])),
+            Verdict::Final { success: false }
+        );
+        let err = |e: BoxError| policy.judge::<(), _>(false, &Err(e));
+        assert_eq!(
+            err(Box::new(crate::CircuitOpen::new(Duration::from_secs(1)))),
+            Verdict::NonFatal {
+                stop: Some(Stop::CircuitOpen)
+            }
+        );
+        assert_eq!(
+            err(Box::new(tower::timeout::error::Elapsed::new())),
+            Verdict::NonFatal { stop: None }
+        );
+        assert_eq!(
+            err(Box::new(NotReplayable)),
+            Verdict::NonFatal {
+                stop: Some(Stop::NotReplayable)
+            }
+        );
+        assert_eq!(err("boom".into()), Verdict::Final { success: false });
+    }
+}
