@@ -337,7 +337,7 @@ impl HedgePolicy {
                     ErrorClass::CircuitOpen => Verdict::NonFatal {
                         stop: Some(Stop::CircuitOpen),
                     },
-                    ErrorClass::NotSent | ErrorClass::MaybeProcessed => {
+                    ErrorClass::Unprocessed | ErrorClass::NotSent | ErrorClass::MaybeProcessed => {
                         Verdict::NonFatal { stop: None }
                     }
                     ErrorClass::Unknown if is_not_replayable(err) => Verdict::NonFatal {

@@ -306,7 +306,8 @@ pub fn candidates(attempts: u32) -> Result<Vec<(String, Strategy)>, String> {
     let floor0 = BudgetKind::Core {
         ratio: 0.1,
         window: Duration::from_secs(10),
-        min_per_sec: 0,
+        min_retries: 0,
+        pace: None,
     };
     let mut out = Vec::new();
     let mut add = |label: &str, budget: Option<BudgetKind>, mode: Option<BreakerMode>| {

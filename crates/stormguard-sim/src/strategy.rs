@@ -73,8 +73,10 @@ pub enum BudgetKind {
         /// Rolling window: a whole number of 10 ms (the core is given time in whole
         /// milliseconds, and its buckets are a tenth of the window).
         window: Duration,
-        /// Floor of retries per second.
-        min_per_sec: u32,
+        /// Floor: retries per window granted without deposits.
+        min_retries: u32,
+        /// The most retries per original request at any moment (`None`: unpaced).
+        pace: Option<f64>,
     },
     /// tower 0.5's `TpsBudget(ttl, min_per_sec, retry_percent)`: each request deposits 1,
     /// each retry withdraws `floor(1 / retry_percent)`, the balance is the deposits minus
@@ -155,7 +157,7 @@ impl Strategy {
     /// | `bucket` | full jitter 200 ms..20 s | AWS retry quota 500 / 5 / 10 / 1 | - |
     /// | `breaker` | full jitter 200 ms..20 s | - | core `BreakerConfig::default()` on all calls |
     /// | `breaker-retries` | full jitter 200 ms..20 s | - | core `BreakerConfig::default()` on retries only |
-    /// | `stormguard` | core `Backoff::default()` | core `RetryBudget::default()` (10%, 10 s, 1/s) | - |
+    /// | `stormguard` | core `Backoff::default()` | core `RetryBudget::default()` (10%, 10 s, 1 a window, pace 0.5) | - |
     /// | `stormguard+breaker` | core `Backoff::default()` | core `RetryBudget::default()` | core `BreakerConfig::default()` on all calls |
     pub fn named(name: &str, attempts: u32) -> Option<Strategy> {
         let full = BackoffKind::Core(Backoff::default());
@@ -164,7 +166,8 @@ impl Strategy {
             BudgetKind::Core {
                 ratio: b.ratio(),
                 window: b.window(),
-                min_per_sec: b.min_per_sec(),
+                min_retries: u32::try_from(b.min_retries()).unwrap_or(u32::MAX),
+                pace: b.pace(),
             }
         };
         let (attempts, backoff, budget, breaker) = match name {
@@ -330,12 +333,14 @@ impl ClientState {
             BudgetKind::Core {
                 ratio,
                 window,
-                min_per_sec,
+                min_retries,
+                pace,
             } => BudgetState::Core(
                 RetryBudget::builder()
                     .ratio(ratio)
                     .window(window)
-                    .min_per_sec(min_per_sec)
+                    .min_retries(min_retries)
+                    .pace(pace)
                     .build()
                     .map_err(|e| e.to_string())?,
             ),

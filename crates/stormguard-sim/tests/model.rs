@@ -143,7 +143,8 @@ fn the_budget_is_the_cores_and_so_are_its_errors() {
     s.budget = BudgetKind::Core {
         ratio: 1.5,
         window: Duration::from_secs(10),
-        min_per_sec: 1,
+        min_retries: 1,
+        pace: Some(0.5),
     };
     let err = run(&fleet(10, 5.0, Scenario::Outage), &s).unwrap_err();
     assert_eq!(err, "invalid budget ratio: 1.5 (allowed: from 0.0 to 1.0)");
@@ -159,7 +160,8 @@ fn the_budget_is_the_cores_and_so_are_its_errors() {
     s.budget = BudgetKind::Core {
         ratio: 0.1,
         window: Duration::from_secs(10),
-        min_per_sec: 0,
+        min_retries: 0,
+        pace: Some(0.5),
     };
     let mut cfg = fleet(20, 30.0, Scenario::Outage);
     cfg.shared = true;
