@@ -26,6 +26,10 @@ pub mod budget;
 pub mod classify;
 mod error;
 pub mod retry_after;
+mod sync;
+
+#[cfg(all(loom, test))]
+mod loom_model;
 
 pub use backoff::{Backoff, Jitter, Schedule};
 pub use breaker::{
