@@ -90,29 +90,29 @@ const DAYS: [&str; 7] = [
 /// whole second). `now` (in the same unit) resolves RFC 850's two-digit years.
 fn http_date(text: &[u8], now: i128) -> Option<i128> {
     // IMF-fixdate: `Sun, 06 Nov 1994 08:49:37 GMT`
-    if let [d0, d1, d2, b',', b' ', day @ .., b' ', b'G', b'M', b'T'] = text {
-        if let [dd0, dd1, b' ', m0, m1, m2, b' ', y0, y1, y2, y3, b' ', time @ ..] = day {
-            let year = digits(&[*y0, *y1, *y2, *y3])?;
-            return civil(
-                year,
-                &[*m0, *m1, *m2],
-                &[*dd0, *dd1],
-                time,
-                &[*d0, *d1, *d2],
-            );
-        }
+    if let [d0, d1, d2, b',', b' ', dd0, dd1, b' ', m0, m1, m2, b' ', y0, y1, y2, y3, b' ', time @ .., b' ', b'G', b'M', b'T'] =
+        text
+    {
+        let year = digits(&[*y0, *y1, *y2, *y3])?;
+        return civil(
+            year,
+            &[*m0, *m1, *m2],
+            &[*dd0, *dd1],
+            time,
+            &[*d0, *d1, *d2],
+        );
     }
     // asctime: `Sun Nov  6 08:49:37 1994` (a one-digit day is padded with a space)
-    if let [d0, d1, d2, b' ', m0, m1, m2, b' ', dd0, dd1, b' ', rest @ ..] = text {
-        if let [time @ .., b' ', y0, y1, y2, y3] = rest {
-            let day = if *dd0 == b' ' {
-                [b'0', *dd1]
-            } else {
-                [*dd0, *dd1]
-            };
-            let year = digits(&[*y0, *y1, *y2, *y3])?;
-            return civil(year, &[*m0, *m1, *m2], &day, time, &[*d0, *d1, *d2]);
-        }
+    if let [d0, d1, d2, b' ', m0, m1, m2, b' ', dd0, dd1, b' ', time @ .., b' ', y0, y1, y2, y3] =
+        text
+    {
+        let day = if *dd0 == b' ' {
+            [b'0', *dd1]
+        } else {
+            [*dd0, *dd1]
+        };
+        let year = digits(&[*y0, *y1, *y2, *y3])?;
+        return civil(year, &[*m0, *m1, *m2], &day, time, &[*d0, *d1, *d2]);
     }
     // RFC 850: `Sunday, 06-Nov-94 08:49:37 GMT`
     let comma = text.iter().position(|b| *b == b',')?;
