@@ -17,6 +17,20 @@ use std::time::{Duration, Instant};
 
 use loom::thread;
 
+/// Runs `f` under loom and prints how many interleavings it explored.
+fn model(name: &str, f: impl Fn() + Sync + Send + 'static) {
+    let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = runs.clone();
+    loom::model(move || {
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        f();
+    });
+    eprintln!(
+        "loom_model::{name}: {} interleavings",
+        runs.load(std::sync::atomic::Ordering::Relaxed)
+    );
+}
+
 use crate::breaker::{Breaker, BreakerConfig, CircuitState, Outcome};
 use crate::RetryBudget;
 
@@ -58,7 +72,7 @@ fn race(budget: &RetryBudget, t0: Instant, offsets: &[u64]) -> usize {
 /// moves the clock and in whichever order.
 #[test]
 fn budget_withdrawals_racing_across_boundaries() {
-    loom::model(|| {
+    model("budget_withdrawals_racing_across_boundaries", || {
         let (budget, t0) = budget(1.0);
         budget.deposit(t0);
         let granted = race(&budget, t0, &[1, 2, 0]);
@@ -73,7 +87,7 @@ fn budget_withdrawals_racing_across_boundaries() {
 /// the jump.
 #[test]
 fn budget_jump_past_the_window_races_a_withdrawal() {
-    loom::model(|| {
+    model("budget_jump_past_the_window_races_a_withdrawal", || {
         let (budget, t0) = budget(1.0);
         budget.deposit(t0);
         let jumper = {
@@ -91,7 +105,7 @@ fn budget_jump_past_the_window_races_a_withdrawal() {
 /// deposits they could have seen (ratio 1, no floor, all in one window).
 #[test]
 fn budget_deposits_racing_withdrawals() {
-    loom::model(|| {
+    model("budget_deposits_racing_withdrawals", || {
         let (budget, t0) = budget(1.0);
         let depositor = {
             let budget = budget.clone();
@@ -134,7 +148,7 @@ fn tripped(probes: u32) -> (Arc<Breaker>, Instant) {
 /// and exactly one probe is admitted.
 #[test]
 fn breaker_admits_one_probe_among_racing_callers() {
-    loom::model(|| {
+    model("breaker_admits_one_probe_among_racing_callers", || {
         let (breaker, later) = tripped(1);
         let handles: Vec<_> = (0..3)
             .map(|_| {
@@ -155,7 +169,7 @@ fn breaker_admits_one_probe_among_racing_callers() {
 /// A success keeps its slot until the circuit closes, so at most two are ever admitted.
 #[test]
 fn breaker_probe_slots_with_a_success_racing() {
-    loom::model(|| {
+    model("breaker_probe_slots_with_a_success_racing", || {
         let (breaker, later) = tripped(2);
         let first = {
             let breaker = breaker.clone();
@@ -186,7 +200,7 @@ fn breaker_probe_slots_with_a_success_racing() {
 /// only one: the two callers that never give theirs back hold one slot between them.
 #[test]
 fn breaker_released_probe_frees_exactly_one_slot() {
-    loom::model(|| {
+    model("breaker_released_probe_frees_exactly_one_slot", || {
         let (breaker, later) = tripped(1);
         let releaser = {
             let breaker = breaker.clone();
