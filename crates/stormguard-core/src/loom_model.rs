@@ -3,8 +3,8 @@
 //! locks for loom's (see `sync`); run it with
 //!
 //! ```text
-//! LOOM_MAX_PREEMPTIONS=3 RUSTFLAGS="--cfg loom" \
-//!     cargo test -p stormguard-core --lib --release loom_model
+//! LOOM_MAX_PREEMPTIONS=2 RUSTFLAGS="--cfg loom" \
+//!     cargo test -p stormguard-core --lib --release loom_model -- --test-threads=1 --nocapture
 //! ```
 //!
 //! Loom runs every test closure under every interleaving of the threads' atomic
