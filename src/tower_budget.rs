@@ -7,7 +7,8 @@ use tower::retry::budget::Budget;
 /// `tokio::time::pause()` applies).
 ///
 /// Use it in place of tower's `TpsBudget` in a hand-written `tower::retry::Policy`:
-/// the same ratio and floor, with an exact fixed-point ratio, no lock and no catch-up
+/// the same ratio and floor, with an exact fixed-point ratio, no lock per call (one
+/// roll-over per tenth of the window takes one) and no catch-up
 /// work after idle periods. Rust's orphan rule keeps the `Budget` impl off
 /// `RetryBudget` itself, which lives in the runtime-free core crate.
 ///

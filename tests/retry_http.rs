@@ -180,6 +180,60 @@ async fn a_streaming_body_is_replayed_whole() {
     }
 }
 
+/// A streaming body of known length (an exact size hint, so hyper sends
+/// `content-length`) that never says it has ended, like a file read in chunks.
+struct KnownLength(VecDeque<Bytes>, u64);
+
+impl Body for KnownLength {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let chunk = self.0.pop_front();
+        self.1 -= chunk.as_ref().map_or(0, |c| c.len() as u64);
+        Poll::Ready(chunk.map(|b| Ok(Frame::data(b))))
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        http_body::SizeHint::with_exact(self.1)
+    }
+}
+
+/// Over HTTP/1.1 hyper stops polling a `content-length` body after its last byte, and
+/// over HTTP/2 it polls on to the end: either way the body is replayed whole.
+#[tokio::test]
+async fn a_known_length_body_is_replayed_whole_over_both_protocols() {
+    for http2 in [false, true] {
+        let bodies = Arc::new(Mutex::new(Vec::new()));
+        let log = bodies.clone();
+        let handler: Handler = Arc::new(move |n, body| {
+            log.lock().expect("lock").push(body);
+            Box::pin(async move { reply(if n == 0 { 503 } else { 200 }, "") })
+        });
+        let (addr, seen) = serve(handler).await;
+        let policy = fast_policy(1).build().expect("policy");
+        let svc = ServiceBuilder::new()
+            .layer(RetryLayer::new(policy.clone()).replay_bodies())
+            .service(client::<ReplayBody<KnownLength>>(http2));
+        let chunks = Chunks::new(4, 1000).0;
+        let req = Request::put(format!("http://{addr}/upload"))
+            .body(KnownLength(chunks, 4000))
+            .expect("request");
+        let res = svc.oneshot(req).await.expect("response");
+        assert_eq!(res.status(), StatusCode::OK, "http2 = {http2}");
+        assert_eq!(seen.load(Ordering::SeqCst), 2);
+        let expected = Chunks::concat(4, 1000);
+        assert_eq!(
+            *bodies.lock().expect("lock"),
+            vec![expected.clone(), expected]
+        );
+        assert_eq!(policy.stats().not_replayable, 0);
+    }
+}
+
 #[tokio::test]
 async fn a_body_over_the_cap_is_sent_once_and_intact() {
     let bodies = Arc::new(Mutex::new(Vec::new()));

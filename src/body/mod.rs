@@ -75,6 +75,10 @@ pin_project! {
         inner: Option<B>,
         next_frame: usize,
         trailers_sent: bool,
+        // The original's frame read ahead of hyper (see `poll_frame`), to hand out next.
+        ahead: Option<Result<Frame<Bytes>, BoxError>>,
+        // The original's end, read ahead of hyper.
+        ended: bool,
     }
 }
 
@@ -105,6 +109,8 @@ impl<B> ReplayBody<B> {
             inner: Some(body),
             next_frame: 0,
             trailers_sent: false,
+            ahead: None,
+            ended: false,
         }
     }
 
@@ -139,6 +145,8 @@ impl<B> Clone for ReplayBody<B> {
             inner: None,
             next_frame: 0,
             trailers_sent: false,
+            ahead: None,
+            ended: false,
         }
     }
 }
@@ -171,6 +179,22 @@ impl Kept {
                 self.frames.push(data.clone());
             }
             _ => self.abandon(),
+        }
+    }
+
+    /// Keeps a frame of the original: data up to the cap; trailers, which end the body
+    /// (hyper polls no further after them), even when empty.
+    fn record(&mut self, frame: &Frame<Bytes>) {
+        if let Some(data) = frame.data_ref() {
+            self.keep(data);
+        } else if let Some(trailers) = frame.trailers_ref() {
+            if !self.abandoned {
+                self.trailers = Some(trailers.clone());
+            }
+            self.complete = true;
+        } else {
+            // A frame kind http-body may add later: passed on, but not replayable.
+            self.abandon();
         }
     }
 
@@ -228,43 +252,66 @@ where
             }
             return Poll::Ready(None);
         };
+        if *this.ended {
+            return Poll::Ready(None);
+        }
+        if let Some(ahead) = this.ahead.take() {
+            // Already kept when it was read ahead.
+            return Poll::Ready(Some(ahead));
+        }
         let frame = match inner.as_mut().poll_frame(cx) {
             Poll::Pending => return Poll::Pending,
             Poll::Ready(None) => {
                 lock(this.shared).complete = true;
+                *this.ended = true;
                 return Poll::Ready(None);
             }
             Poll::Ready(Some(Err(err))) => {
                 lock(this.shared).abandon();
                 return Poll::Ready(Some(Err(err.into())));
             }
-            Poll::Ready(Some(Ok(frame))) => {
-                frame.map_data(|mut data| data.copy_to_bytes(data.remaining()))
-            }
+            Poll::Ready(Some(Ok(frame))) => into_bytes(frame),
         };
-        let mut kept = lock(this.shared);
-        if let Some(data) = frame.data_ref() {
-            kept.keep(data);
-            // hyper stops polling a body once it says it has ended, or once it has sent
-            // the length an exact size hint promised: either is the end.
-            if inner.is_end_stream() || inner.size_hint().exact() == Some(0) {
+        {
+            let mut kept = lock(this.shared);
+            kept.record(&frame);
+            if frame.is_data() && inner.is_end_stream() {
+                // It says it has ended: hyper polls no further, and nothing follows.
                 kept.complete = true;
             }
-        } else if let Some(trailers) = frame.trailers_ref() {
-            if !kept.abandoned {
-                kept.trailers = Some(trailers.clone());
+        }
+        // A body is whole only once its end or its trailers were seen. hyper's HTTP/2
+        // polls on to that end, but over HTTP/1 with a `content-length` taken from an
+        // exact size hint, hyper stops polling as soon as the last byte is sent, unless
+        // the body says it has ended. So once an exact size hint reaches 0 and the body
+        // does not say it has ended, the next frame is read here, ahead of hyper: the
+        // end (whole), trailers (whole, kept and handed out next), or nothing yet
+        // (not whole: the first attempt goes on unchanged, the request is not retried).
+        if frame.is_data() && !inner.is_end_stream() && inner.size_hint().exact() == Some(0) {
+            match inner.as_mut().poll_frame(cx) {
+                Poll::Pending => {}
+                Poll::Ready(None) => {
+                    lock(this.shared).complete = true;
+                    *this.ended = true;
+                }
+                Poll::Ready(Some(Err(err))) => {
+                    lock(this.shared).abandon();
+                    *this.ahead = Some(Err(err.into()));
+                }
+                Poll::Ready(Some(Ok(next))) => {
+                    let next = into_bytes(next);
+                    lock(this.shared).record(&next);
+                    *this.ahead = Some(Ok(next));
+                }
             }
-            // Trailers are the last frame; hyper polls no further after sending them.
-            kept.complete = true;
-        } else {
-            // A frame kind http-body may add later: passed on, but not replayable.
-            kept.abandon();
         }
         Poll::Ready(Some(Ok(frame)))
     }
 
     fn is_end_stream(&self) -> bool {
         match &self.inner {
+            Some(_) if self.ended => true,
+            Some(_) if self.ahead.is_some() => false,
             Some(inner) => {
                 let end = inner.is_end_stream();
                 if end {
@@ -301,6 +348,10 @@ where
             }
         }
     }
+}
+
+fn into_bytes<D: Buf>(frame: Frame<D>) -> Frame<Bytes> {
+    frame.map_data(|mut data| data.copy_to_bytes(data.remaining()))
 }
 
 /// The retry policy's view of a [`ReplayBody`], carried in the request extensions.
@@ -422,5 +473,126 @@ mod tests {
             .await
             .expect_err("truncated bodies are never sent");
         assert!(err.is::<NotReplayable>());
+    }
+
+    /// A body with an exact size hint (the bytes left) that never says it has ended, as
+    /// a body streamed from a file of known length might; its trailers, if any, can be
+    /// not ready on the first poll.
+    struct Exact {
+        frames: VecDeque<Frame<Bytes>>,
+        left: u64,
+        trailers_pending_once: bool,
+    }
+
+    impl Exact {
+        fn new(data: &'static str, trailers: Option<HeaderMap>, pending: bool) -> Self {
+            let mut frames = VecDeque::from([Frame::data(Bytes::from_static(data.as_bytes()))]);
+            frames.extend(trailers.map(Frame::trailers));
+            Exact {
+                frames,
+                left: data.len() as u64,
+                trailers_pending_once: pending,
+            }
+        }
+    }
+
+    impl Body for Exact {
+        type Data = Bytes;
+        type Error = Infallible;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+            if self.trailers_pending_once && self.frames.front().is_some_and(Frame::is_trailers) {
+                self.trailers_pending_once = false;
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            let frame = self.frames.pop_front();
+            if let Some(data) = frame.as_ref().and_then(Frame::data_ref) {
+                self.left -= data.len() as u64;
+            }
+            Poll::Ready(frame.map(Ok))
+        }
+
+        fn size_hint(&self) -> SizeHint {
+            SizeHint::with_exact(self.left)
+        }
+    }
+
+    fn trailers(name: &'static str, value: &'static str) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        map.insert(name, http::HeaderValue::from_static(value));
+        map
+    }
+
+    /// Found by the fuzzer: an exact size hint reaching 0 was taken for the end, so a
+    /// body whose trailers were never read was replayed whole but without them.
+    #[tokio::test]
+    async fn exact_size_with_trailers_not_yet_read_is_not_replayable() {
+        let body = Exact::new("abcd", Some(trailers("x-sum", "7")), true);
+        let mut original = ReplayBody::new(body, 1024);
+        let replay = original.clone();
+        // The first attempt is dropped after the data (the response came first).
+        let sent = take_frames(&mut original, 1).await;
+        assert_eq!(sent.len(), 1);
+        assert!(!original.is_end_stream(), "the trailers are still to come");
+        drop(original);
+        assert!(!replay.is_replayable());
+        let err = replay
+            .collect()
+            .await
+            .expect_err("never sent without its trailers");
+        assert!(err.is::<NotReplayable>());
+    }
+
+    #[tokio::test]
+    async fn exact_size_with_trailers_is_sent_and_replayed_identically() {
+        let body = Exact::new("abcd", Some(trailers("x-sum", "7")), false);
+        let mut original = ReplayBody::new(body, 1024);
+        let replay = original.clone();
+        let first = take_frames(&mut original, 1).await;
+        // The trailers were read ahead of the caller; they are still handed out next.
+        assert!(replay.is_replayable());
+        assert!(!original.is_end_stream());
+        let rest = original.collect().await.expect("rest");
+        assert_eq!(first[0].data_ref().map(|d| &d[..]), Some(&b"abcd"[..]));
+        assert_eq!(rest.trailers(), Some(&trailers("x-sum", "7")));
+        let again = replay.collect().await.expect("replay");
+        assert_eq!(again.trailers(), Some(&trailers("x-sum", "7")));
+        assert_eq!(again.to_bytes(), "abcd");
+    }
+
+    /// hyper's HTTP/1 client stops polling a `content-length` body after its last byte;
+    /// a body without trailers that does not say it has ended is whole all the same.
+    #[tokio::test]
+    async fn exact_size_without_trailers_is_whole_after_its_last_byte() {
+        let mut original = ReplayBody::new(Exact::new("abcd", None, false), 1024);
+        let replay = original.clone();
+        take_frames(&mut original, 1).await;
+        assert!(original.is_end_stream());
+        drop(original);
+        assert!(replay.is_replayable());
+        let again = replay.collect().await.expect("replay");
+        assert_eq!(again.trailers(), None);
+        assert_eq!(again.to_bytes(), "abcd");
+    }
+
+    /// Found by the fuzzer: replay exactly what was sent, an empty trailer map included.
+    #[tokio::test]
+    async fn an_empty_trailer_map_is_replayed_as_sent() {
+        let frames = VecDeque::from([
+            Frame::data(Bytes::from_static(b"ab")),
+            Frame::trailers(HeaderMap::new()),
+        ]);
+        let mut original = ReplayBody::new(Frames(frames), 1024);
+        let mut replay = original.clone();
+        let sent = take_frames(&mut original, 3).await;
+        let again = take_frames(&mut replay, 3).await;
+        assert_eq!(sent.len(), 2);
+        assert_eq!(again.len(), 2);
+        assert_eq!(again[1].trailers_ref(), Some(&HeaderMap::new()));
+        assert!(replay.frame().await.is_none());
     }
 }

@@ -86,13 +86,14 @@
 //! second: stale buckets are recognised by their epoch, not emptied one by one.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::atomic::Ordering;
+use std::sync::{OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 
+use crate::sync::{AtomicU32, AtomicU64, Mutex, MutexGuard};
 use crate::ConfigError;
 
 /// How many time buckets the window is cut into.

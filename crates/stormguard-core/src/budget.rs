@@ -20,28 +20,47 @@
 //!
 //! Time is cut into ten buckets per window. Deposits are counted in a ring of ten
 //! buckets and withdrawals in a ring of eleven, each bucket one `AtomicU64` holding its
-//! epoch (low 32 bits) and a saturating count (32 bits). A deposit pays for retries until its
+//! epoch (high 32 bits) and a saturating count. A deposit pays for retries until its
 //! bucket leaves the window (between 9/10 of the window and the whole window after it
-//! was made); a withdrawal is charged for at least the whole window. So at every grant,
-//! the retries granted in the window ending then, this one included, are at most
-//! `ratio` times the original requests in that window plus `min_retries`.
+//! was made); a withdrawal is charged for at least the whole window.
 //!
-//! The state is 23 atomics whatever the request rate ([`RetryBudget::STATE_BYTES`] in
-//! all) and no lock is taken. An operation after a year idle costs what one after a
-//! second does: the call that moves the clock forward restamps at most one ring's worth
-//! of buckets as empty, whatever the gap, so no bucket keeps a stamp old enough to pass
-//! for a current one when the 32 bits wrap (only a jump of exactly a multiple of 2^32
-//! buckets, 136 years at the default 1 s bucket, could fool it). A deposit is one compare-and-swap. A
-//! withdrawal reads the window and then compare-and-swaps the current bucket, so
-//! concurrent withdrawals in one bucket cannot spend the same retry; threads racing
-//! across a bucket boundary can each overshoot by one retry.
+//! # Concurrency, and the exact bound
+//!
+//! The state is 23 atomics (the pace's included) and one lock whatever the request rate
+//! ([`RetryBudget::STATE_BYTES`] in all). A deposit or a withdrawal in the current
+//! bucket is lock-free: a withdrawal reads the window's balance, then adds itself to the
+//! current bucket with one compare-and-swap, which fails (and is tried again) if any
+//! other withdrawal landed in that bucket meanwhile. The lock is taken only by the first
+//! call of a new epoch (once per tenth of the window at most), which, before the clock
+//! shows the new epoch, *seals* the withdrawal bucket of the old one and empties the
+//! buckets of the epochs it moves over (at most a ring's worth whatever the gap, so an
+//! operation after a year idle costs what one after a second does, and no stamp lives
+//! long enough to be mistaken for a current one when its 32 bits wrap). A caller that
+//! finds its bucket sealed or restamped waits for that roll-over and starts again in the
+//! new epoch.
+//!
+//! So every grant is made in the newest epoch, and sees every grant made before it,
+//! whichever thread made it: **there is no per-thread slack**. At every grant, the
+//! retries granted in the eleven buckets ending with it (a window or more), this one
+//! included, are at most `ratio` times the original requests counted in the last ten
+//! buckets (at most a window) plus the floor (`min_retries`); hence over any window that
+//! ends at a grant, retries <= `ratio` x deposits + floor. The only approximation is
+//! time: the budget's clock never runs backwards, so an operation whose `now` is older
+//! than one already seen is counted at the newest epoch. This is checked by a loom model
+//! of the roll-over (`--cfg loom`) and by a contention test with a fast clock.
+//!
+//! The pace (see [`RetryBudgetBuilder::pace`]) sits in front: one more compare-and-swap,
+//! on the retry path only, so that a window's savings are spent at most at `pace` times
+//! the recent request rate.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::pace::Pace;
+use crate::sync::{AtomicU64, Mutex};
+
 use crate::ConfigError;
 
 /// Fixed-point units in one retry.
@@ -51,7 +70,10 @@ const DEPOSIT_BUCKETS: u64 = 10;
 /// Buckets a withdrawal is charged in: one more, so that it is charged for a whole window.
 const WITHDRAWAL_BUCKETS: u64 = DEPOSIT_BUCKETS + 1;
 const COUNT_BITS: u32 = 32;
-const COUNT_MAX: u64 = (1 << COUNT_BITS) - 1;
+/// Set in a withdrawal bucket once its epoch is over: no retry is granted in it any more.
+const SEALED: u64 = 1 << (COUNT_BITS - 1);
+/// Counts saturate below the seal bit.
+const COUNT_MAX: u64 = SEALED - 1;
 const STAMP_BITS: u32 = 64 - COUNT_BITS;
 const STAMP_MASK: u64 = (1 << STAMP_BITS) - 1;
 
@@ -104,8 +126,11 @@ struct State {
     pace: Option<f64>,
     /// How fast retries may be spent: refilled from the recent deposit rate.
     spend: Pace,
-    /// The newest epoch any operation has seen: time never runs backwards here.
+    /// The current epoch, the newest any operation has seen: time never runs backwards
+    /// here. Only written under `roll`, after the buckets of the new epoch are ready.
     clock: AtomicU64,
+    /// Taken only to move the clock to a new epoch (once per bucket width at most).
+    roll: Mutex<()>,
     deposits: Ring<{ DEPOSIT_BUCKETS as usize }>,
     withdrawals: Ring<{ WITHDRAWAL_BUCKETS as usize }>,
 }
@@ -118,21 +143,17 @@ impl<const N: usize> Ring<N> {
         &self.0[(epoch % N as u64) as usize]
     }
 
-    /// Marks the buckets of the epochs after `seen` up to `epoch` as empty buckets of
-    /// those epochs, unless a thread already wrote them for that epoch or a later one
-    /// (no later than `newest`, the newest epoch any thread has seen).
-    fn restamp(&self, seen: u64, epoch: u64, newest: u64) {
+    /// Empties the buckets of the epochs after `seen` up to `epoch` (at most a ring's
+    /// worth, however long the gap) and stamps them with those epochs. Called under the
+    /// roll-over lock before the clock shows `epoch`: nobody counts in those epochs yet,
+    /// and whatever a bucket held is from an epoch `N` or more before, out of every
+    /// window that is still checked.
+    fn reset(&self, seen: u64, epoch: u64) {
         let first = seen
             .saturating_add(1)
             .max(epoch.saturating_sub(N as u64 - 1));
         for e in first..=epoch {
-            let bucket = self.bucket(e);
-            let word = bucket.load(Ordering::Acquire);
-            if !is_current_or_newer(word, e, newest) {
-                // A failed exchange means another thread wrote it first: as good.
-                let _ =
-                    bucket.compare_exchange(word, pack(e, 0), Ordering::AcqRel, Ordering::Relaxed);
-            }
+            self.bucket(e).store(pack(e, 0), Ordering::Release);
         }
     }
 
@@ -144,6 +165,8 @@ impl<const N: usize> Ring<N> {
             .iter()
             .map(|bucket| {
                 let word = bucket.load(Ordering::Acquire);
+                // Buckets of later epochs (ahead of a caller that was overtaken) have an
+                // "age" that wraps around to a huge number, and do not count either.
                 let age = (epoch.wrapping_sub(word >> COUNT_BITS)) & STAMP_MASK;
                 if age < N as u64 {
                     word & COUNT_MAX
@@ -213,6 +236,12 @@ impl RetryBudget {
     pub fn pace(&self) -> Option<f64> {
         self.state.pace
     }
+
+    /// The instant epochs are counted from, for tests that need to land on a boundary.
+    #[cfg(all(loom, test))]
+    pub(crate) fn origin(&self) -> Instant {
+        self.state.origin
+    }
 }
 
 impl Default for RetryBudget {
@@ -233,10 +262,12 @@ impl fmt::Debug for RetryBudget {
 }
 
 impl State {
-    /// The epoch for `now`, or the newest one already seen if `now` is older. The call
-    /// that moves the clock forward also restamps the buckets of the epochs it skipped
-    /// (at most a ring's worth), so that no bucket keeps a stamp old enough to be
-    /// mistaken, once its 32 bits wrap, for a current one.
+    /// The epoch for `now`, or the current one if `now` is older.
+    ///
+    /// Most calls land in the current epoch: one load. The first call in a new epoch
+    /// takes the roll-over lock and, before the clock shows the new epoch, seals the
+    /// withdrawal bucket of the old one (no retry is granted in an epoch once a later one
+    /// may have been read) and empties the buckets of the epochs it moves over.
     fn advance(&self, now: Instant) -> u64 {
         let since = now.saturating_duration_since(self.origin);
         let nanos = since
@@ -244,22 +275,40 @@ impl State {
             .saturating_mul(1_000_000_000)
             .saturating_add(u64::from(since.subsec_nanos()));
         let epoch = nanos / self.bucket_nanos;
-        // Most calls land in the epoch already seen: a load, no read-modify-write.
-        let seen = self.clock.load(Ordering::Acquire);
-        if epoch <= seen {
-            return seen;
+        let current = self.clock.load(Ordering::Acquire);
+        if epoch <= current {
+            return current;
         }
-        let before = self.clock.fetch_max(epoch, Ordering::AcqRel);
-        if before < epoch {
-            let newest = self.clock.load(Ordering::Acquire);
-            self.deposits.restamp(before, epoch, newest);
-            self.withdrawals.restamp(before, epoch, newest);
+        let _roll = self.roll.lock().unwrap_or_else(PoisonError::into_inner);
+        let current = self.clock.load(Ordering::Acquire);
+        if epoch <= current {
+            return current;
         }
-        before.max(epoch)
+        self.withdrawals
+            .bucket(current)
+            .fetch_or(SEALED, Ordering::AcqRel);
+        self.deposits.reset(current, epoch);
+        self.withdrawals.reset(current, epoch);
+        self.clock.store(epoch, Ordering::Release);
+        epoch
+    }
+
+    /// The current epoch, once any roll-over in progress is over. Called by a thread
+    /// that found a bucket already moved past its epoch: the lock is held by the roller
+    /// until the clock shows the new epoch.
+    fn caught_up(&self) -> u64 {
+        let _roll = self.roll.lock().unwrap_or_else(PoisonError::into_inner);
+        self.clock.load(Ordering::Acquire)
     }
 
     /// Adds one to `ring`'s bucket for `now` if `allow(epoch, count so far)` says so,
     /// with one compare-and-swap; `false` if it did not.
+    ///
+    /// The bucket of the current epoch always carries that epoch's stamp (roll-over
+    /// stamps it before the clock moves), so a bucket with another stamp, or sealed,
+    /// means the clock moved on since this call read it: it starts over in the new
+    /// epoch. A successful compare-and-swap on an unsealed bucket therefore happens
+    /// before the clock moves past its epoch, and every later grant sees it.
     fn count_one<const N: usize>(
         &self,
         ring: &Ring<N>,
@@ -270,35 +319,22 @@ impl State {
         loop {
             let bucket = ring.bucket(epoch);
             let word = bucket.load(Ordering::Acquire);
-            let Some(count) = self.count_at(word, &mut epoch) else {
+            if word >> COUNT_BITS != epoch & STAMP_MASK || word & SEALED != 0 {
+                epoch = self.caught_up();
                 continue;
-            };
+            }
+            let count = word & COUNT_MAX;
             if !allow(epoch, count) {
                 return false;
             }
             let next = pack(epoch, count + 1);
             if bucket
-                .compare_exchange_weak(word, next, Ordering::AcqRel, Ordering::Relaxed)
+                .compare_exchange(word, next, Ordering::AcqRel, Ordering::Relaxed)
                 .is_ok()
             {
                 return true;
             }
         }
-    }
-
-    /// The count in bucket `word` for `epoch`: 0 if the bucket is from an older epoch.
-    /// `None` if it already holds a newer one (this thread was overtaken): `epoch` is
-    /// then moved to the newest seen, and the caller starts over with it.
-    fn count_at(&self, word: u64, epoch: &mut u64) -> Option<u64> {
-        if word >> COUNT_BITS == *epoch & STAMP_MASK {
-            return Some(word & COUNT_MAX);
-        }
-        let newest = self.clock.load(Ordering::Acquire);
-        if is_current_or_newer(word, *epoch, newest) {
-            *epoch = newest;
-            return None;
-        }
-        Some(0)
     }
 
     /// Whether the pace allows a retry at `now`: it refills at `pace` times the rate of
@@ -333,14 +369,6 @@ impl State {
         let balance = i128::from(self.reserve_units) + paid - spent;
         i64::try_from(balance).unwrap_or(if balance > 0 { i64::MAX } else { i64::MIN })
     }
-}
-
-/// Whether bucket `word` was written for `epoch` or a later epoch, given that no epoch
-/// after `newest` has been seen. Stamps keep 32 bits, so "later" is read as "at most
-/// `newest - epoch` ahead": anything else is a stamp from long ago.
-fn is_current_or_newer(word: u64, epoch: u64, newest: u64) -> bool {
-    let ahead = (word >> COUNT_BITS).wrapping_sub(epoch) & STAMP_MASK;
-    ahead <= newest.saturating_sub(epoch)
 }
 
 fn pack(epoch: u64, count: u64) -> u64 {
@@ -474,6 +502,7 @@ impl RetryBudgetBuilder {
                 pace: self.pace,
                 spend: Pace::new(),
                 clock: AtomicU64::new(0),
+                roll: Mutex::new(()),
                 deposits: Ring(Default::default()),
                 withdrawals: Ring(Default::default()),
             }),
@@ -651,10 +680,10 @@ mod tests {
     #[test]
     fn state_is_constant_and_small() {
         assert_eq!(RetryBudget::STATE_BYTES, std::mem::size_of::<State>());
-        // 23 atomics (two rings, the clock and the pace) and the configuration, on
-        // 64-bit Linux.
+        // 23 atomics (two rings, the clock and the pace), the roll-over lock and the
+        // configuration, on 64-bit Linux.
         #[cfg(all(target_pointer_width = "64", target_os = "linux"))]
-        assert_eq!(RetryBudget::STATE_BYTES, 272);
+        assert_eq!(RetryBudget::STATE_BYTES, 280);
     }
 
     #[test]
@@ -697,6 +726,117 @@ mod tests {
             handles.into_iter().map(|h| h.join().unwrap_or(0)).sum()
         });
         assert_eq!(granted, 10_000);
+    }
+
+    /// Threads hammer one budget while a fast fake clock crosses a bucket boundary every
+    /// thousand operations. Each operation is attributed the epochs between the `now` it
+    /// passed and the clock when it returned (the budget counts it in one of those, since
+    /// its time never runs backwards). For every epoch `E` in which a retry was certainly
+    /// granted, the retries certainly granted in the window ending at `E` may not exceed
+    /// `ratio` x the deposits possibly made in it, plus the floor: no slack at all.
+    #[test]
+    fn contention_never_grants_past_the_bound() {
+        use std::collections::BTreeMap;
+        use std::sync::atomic::AtomicU64;
+
+        // 50 ms per operation, 1 s buckets: a boundary every twenty operations. (With these
+        // settings the roll-over this budget had before loom found its race granted up to
+        // 9.5 retries too many in a window at 8 threads.)
+        const TICK_NANOS: u64 = 50_000_000;
+        const OPS_PER_THREAD: u64 = 50_000;
+        for (threads, ratio, min_per_sec) in [(2, 1.0, 0), (4, 0.1, 0), (8, 1.0, 0), (8, 0.5, 1)] {
+            let b = budget(ratio, 10, min_per_sec);
+            let origin = b.state.origin;
+            let ticks = AtomicU64::new(0);
+            let epoch_of = |tick: u64| tick * TICK_NANOS / b.state.bucket_nanos;
+            // (lowest epoch, highest epoch) -> count, for deposits and for grants.
+            let logs: Vec<_> = std::thread::scope(|s| {
+                let handles: Vec<_> = (0..threads)
+                    .map(|t| {
+                        let (b, ticks) = (&b, &ticks);
+                        s.spawn(move || {
+                            let mut deposits = BTreeMap::<(u64, u64), u64>::new();
+                            let mut grants = BTreeMap::<(u64, u64), u64>::new();
+                            for i in 0..OPS_PER_THREAD {
+                                let tick = ticks.fetch_add(1, Ordering::SeqCst);
+                                let now = origin + Duration::from_nanos(tick * TICK_NANOS);
+                                // Mostly withdrawals, so the balance stays near empty.
+                                let deposit = (i + t) % 3 == 0;
+                                let counted = if deposit {
+                                    b.deposit(now);
+                                    true
+                                } else {
+                                    b.try_withdraw(now)
+                                };
+                                let last = ticks.load(Ordering::SeqCst) - 1;
+                                if counted {
+                                    let log = if deposit { &mut deposits } else { &mut grants };
+                                    *log.entry((epoch_of(tick), epoch_of(last))).or_default() += 1;
+                                }
+                            }
+                            (deposits, grants)
+                        })
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().expect("no panic"))
+                    .collect()
+            });
+            let last_epoch = epoch_of(ticks.load(Ordering::SeqCst));
+            let len = usize::try_from(last_epoch).expect("small") + 2;
+            // Deposits by lowest and by highest epoch; grants known to one epoch, and the
+            // few spread over several.
+            let (mut dep_lo, mut dep_hi, mut exact) =
+                (vec![0u64; len], vec![0u64; len], vec![0u64; len]);
+            let mut spread = Vec::new();
+            for (d, g) in logs {
+                for ((lo, hi), n) in d {
+                    dep_lo[lo as usize] += n;
+                    dep_hi[hi as usize] += n;
+                }
+                for ((lo, hi), n) in g {
+                    if lo == hi {
+                        exact[lo as usize] += n;
+                    } else {
+                        spread.push((lo, hi, n));
+                    }
+                }
+            }
+            let total: u64 = dep_lo.iter().sum();
+            let prefix = |v: &[u64]| -> Vec<u64> {
+                std::iter::once(0)
+                    .chain(v.iter().scan(0, |acc, n| {
+                        *acc += n;
+                        Some(*acc)
+                    }))
+                    .collect()
+            };
+            // prefix[i] = the sum of v[..i]
+            let (dep_lo, dep_hi, exact) = (prefix(&dep_lo), prefix(&dep_hi), prefix(&exact));
+            let mut worst = i64::MIN;
+            for e in 0..=last_epoch as usize {
+                if exact[e + 1] == exact[e] {
+                    continue;
+                }
+                let first = e.saturating_sub(DEPOSIT_BUCKETS as usize - 1);
+                let granted = exact[e + 1] - exact[first]
+                    + spread
+                        .iter()
+                        .filter(|(lo, hi, _)| *lo as usize >= first && *hi as usize <= e)
+                        .map(|(_, _, n)| n)
+                        .sum::<u64>();
+                // Possibly in [first, e]: all but those ending before it or starting after.
+                let paid = total - dep_hi[first] - (total - dep_lo[e + 1]);
+                let allowed = paid as i64 * b.state.deposit_units + b.state.reserve_units;
+                worst = worst.max(granted as i64 * UNIT - allowed);
+            }
+            assert!(
+                worst <= 0,
+                "{threads} threads, ratio {ratio}: a window granted {:.2} retries too many",
+                worst as f64 / UNIT as f64
+            );
+        }
     }
 
     #[derive(Debug, Clone)]

@@ -33,7 +33,11 @@ pub mod hedge;
 mod pace;
 pub mod redelivery;
 pub mod retry_after;
+mod sync;
 pub mod throttle;
+
+#[cfg(all(loom, test))]
+mod loom_model;
 
 pub use backoff::{Backoff, Jitter, Schedule};
 pub use breaker::{

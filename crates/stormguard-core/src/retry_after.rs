@@ -15,13 +15,18 @@ use http::HeaderValue;
 /// Parses a `Retry-After` value (RFC 9110, section 10.2.3) into the wait it asks for.
 ///
 /// Accepts delta-seconds (`1*DIGIT`: `"120"`; `"+5"`, `"1.5"`, `"-1"` and `"0x10"` are
-/// not delta-seconds) and the three HTTP-date forms of RFC 9110, section 5.6.7:
+/// not delta-seconds) and the three HTTP-date forms of RFC 9110, section 5.6.7, each
+/// checked byte for byte against its grammar:
 /// IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`), the obsolete RFC 850 form
-/// (`Sunday, 06-Nov-94 08:49:37 GMT`) and asctime (`Sun Nov  6 08:49:37 1994`).
+/// (`Sunday, 06-Nov-94 08:49:37 GMT`) and asctime (`Sun Nov  6 08:49:37 1994`). The
+/// day name must be the date's weekday. An RFC 850 two-digit year is read as RFC 9110
+/// says: as the year with those last two digits that is at most 50 years after `now`'s
+/// year, and otherwise in the past (in 2026, `70` is 2070 and `77` is 1977).
 ///
-/// A date in the past gives [`Duration::ZERO`]. A delta too large for a `u64` saturates
-/// at `u64::MAX` seconds. Anything else (empty, non-ASCII, an impossible date such as
-/// day 32 or hour 25) gives `None`, and the caller falls back to its own backoff. This
+/// A date in the past, however far (before 1970 included), gives [`Duration::ZERO`]. A
+/// delta too large for a `u64` saturates at `u64::MAX` seconds. Anything else (empty,
+/// non-ASCII, a malformed or impossible date such as day 32, hour 25 or a Monday that
+/// was a Sunday) gives `None`, and the caller falls back to its own backoff. This
 /// function never panics and never reads the clock.
 ///
 /// ```
@@ -37,20 +42,166 @@ use http::HeaderValue;
 /// assert_eq!(parse_retry_after(&HeaderValue::from_static("1.5"), now), None);
 /// ```
 pub fn parse_retry_after(value: &HeaderValue, now: SystemTime) -> Option<Duration> {
-    let text = std::str::from_utf8(value.as_bytes()).ok()?;
-    let text = text.trim_matches(|c| c == ' ' || c == '\t');
-    if text.is_empty() || !text.is_ascii() {
-        return None;
-    }
-    if text.bytes().all(|b| b.is_ascii_digit()) {
-        let secs = text.bytes().fold(0u64, |acc, digit| {
+    let text = value.as_bytes();
+    let start = text.iter().position(|b| !matches!(b, b' ' | b'\t'))?;
+    let end = text.iter().rposition(|b| !matches!(b, b' ' | b'\t'))?;
+    let text = &text[start..=end];
+    if text.iter().all(u8::is_ascii_digit) {
+        let secs = text.iter().fold(0u64, |acc, digit| {
             acc.saturating_mul(10)
                 .saturating_add(u64::from(digit - b'0'))
         });
         return Some(Duration::from_secs(secs));
     }
-    let when = httpdate::parse_http_date(text).ok()?;
-    Some(when.duration_since(now).unwrap_or(Duration::ZERO))
+    let now = unix_nanos(now);
+    let wait = http_date(text, now)? - now;
+    if wait <= 0 {
+        return Some(Duration::ZERO);
+    }
+    let secs = u64::try_from(wait / NANOS).unwrap_or(u64::MAX);
+    let nanos = u32::try_from(wait % NANOS).unwrap_or(0);
+    Some(Duration::new(secs, nanos))
+}
+
+const NANOS: i128 = 1_000_000_000;
+
+/// Nanoseconds from the Unix epoch to `time` (negative before it).
+fn unix_nanos(time: SystemTime) -> i128 {
+    match time.duration_since(SystemTime::UNIX_EPOCH) {
+        Ok(after) => after.as_nanos() as i128,
+        Err(before) => -(before.duration().as_nanos() as i128),
+    }
+}
+
+const MONTHS: [&[u8; 3]; 12] = [
+    b"Jan", b"Feb", b"Mar", b"Apr", b"May", b"Jun", b"Jul", b"Aug", b"Sep", b"Oct", b"Nov", b"Dec",
+];
+const DAYS: [&str; 7] = [
+    "Monday",
+    "Tuesday",
+    "Wednesday",
+    "Thursday",
+    "Friday",
+    "Saturday",
+    "Sunday",
+];
+
+/// An HTTP-date in any of its three forms, as nanoseconds since the Unix epoch (a
+/// whole second). `now` (in the same unit) resolves RFC 850's two-digit years.
+fn http_date(text: &[u8], now: i128) -> Option<i128> {
+    // IMF-fixdate: `Sun, 06 Nov 1994 08:49:37 GMT`
+    if let [d0, d1, d2, b',', b' ', dd0, dd1, b' ', m0, m1, m2, b' ', y0, y1, y2, y3, b' ', time @ .., b' ', b'G', b'M', b'T'] =
+        text
+    {
+        let year = digits(&[*y0, *y1, *y2, *y3])?;
+        return civil(
+            year,
+            &[*m0, *m1, *m2],
+            &[*dd0, *dd1],
+            time,
+            &[*d0, *d1, *d2],
+        );
+    }
+    // asctime: `Sun Nov  6 08:49:37 1994` (a one-digit day is padded with a space)
+    if let [d0, d1, d2, b' ', m0, m1, m2, b' ', dd0, dd1, b' ', time @ .., b' ', y0, y1, y2, y3] =
+        text
+    {
+        let day = if *dd0 == b' ' {
+            [b'0', *dd1]
+        } else {
+            [*dd0, *dd1]
+        };
+        let year = digits(&[*y0, *y1, *y2, *y3])?;
+        return civil(year, &[*m0, *m1, *m2], &day, time, &[*d0, *d1, *d2]);
+    }
+    // RFC 850: `Sunday, 06-Nov-94 08:49:37 GMT`
+    let comma = text.iter().position(|b| *b == b',')?;
+    let (name, rest) = text.split_at(comma);
+    if let [b',', b' ', dd0, dd1, b'-', m0, m1, m2, b'-', y0, y1, b' ', time @ .., b' ', b'G', b'M', b'T'] =
+        rest
+    {
+        if !DAYS.iter().any(|day| day.as_bytes() == name) {
+            return None;
+        }
+        let two = digits(&[*y0, *y1])?;
+        // RFC 9110, 5.6.7: a year more than 50 years ahead is the last one in the past
+        // with the same two digits; otherwise it is the one in the coming 50 years.
+        let this_year = year_of(now.div_euclid(NANOS));
+        let mut year = this_year - this_year.rem_euclid(100) + two;
+        if year > this_year + 50 {
+            year -= 100;
+        } else if year <= this_year - 50 {
+            year += 100;
+        }
+        return civil(year, &[*m0, *m1, *m2], &[*dd0, *dd1], time, &name[..3]);
+    }
+    None
+}
+
+/// The date from its parts, checked: the month's name, the day within that month, the
+/// time `HH:MM:SS` (no leap second), and the day name (its first three letters) that
+/// of the date's weekday. Nanoseconds since the Unix epoch.
+fn civil(year: i64, month: &[u8], day: &[u8; 2], time: &[u8], weekday: &[u8]) -> Option<i128> {
+    let month = MONTHS.iter().position(|m| m.as_slice() == month)? as i64 + 1;
+    let day = digits(day)?;
+    let [h0, h1, b':', m0, m1, b':', s0, s1] = time else {
+        return None;
+    };
+    let (hour, min, sec) = (
+        digits(&[*h0, *h1])?,
+        digits(&[*m0, *m1])?,
+        digits(&[*s0, *s1])?,
+    );
+    let leap = year % 4 == 0 && (year % 100 != 0 || year % 400 == 0);
+    let month_days = match month {
+        2 if leap => 29,
+        2 => 28,
+        4 | 6 | 9 | 11 => 30,
+        _ => 31,
+    };
+    if day < 1 || day > month_days || hour > 23 || min > 59 || sec > 59 {
+        return None;
+    }
+    let days = days_from_civil(year, month, day);
+    // 1970-01-01 was a Thursday (index 3, Monday first).
+    let wday = (days + 3).rem_euclid(7) as usize;
+    if DAYS[wday].as_bytes()[..3] != *weekday {
+        return None;
+    }
+    let secs = days * 86_400 + hour * 3600 + min * 60 + sec;
+    Some(i128::from(secs) * NANOS)
+}
+
+/// The number a run of ASCII digits spells, or `None` if a byte is not a digit.
+fn digits(bytes: &[u8]) -> Option<i64> {
+    bytes.iter().try_fold(0i64, |acc, b| {
+        b.is_ascii_digit().then(|| acc * 10 + i64::from(b - b'0'))
+    })
+}
+
+/// Days from 1970-01-01 to a proleptic Gregorian date (Hinnant's formula).
+fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// The proleptic Gregorian year of the day holding `secs` seconds since the Unix epoch.
+fn year_of(secs: i128) -> i64 {
+    // Clamped far beyond any date a header can carry (years 0 to 9999).
+    let days = secs.div_euclid(86_400).clamp(-1_000_000_000, 1_000_000_000) as i64;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    yoe + era * 400 + i64::from(month <= 2)
 }
 
 /// What a `grpc-retry-pushback-ms` trailer asks of the client (gRFC A6).
@@ -129,6 +280,120 @@ mod tests {
             parse(b"Sun, 06 Nov 1994 08:49:37 GMT", now),
             Some(Duration::ZERO)
         );
+    }
+
+    /// Found by the fuzzer: httpdate never checked the byte before an RFC 850 hour.
+    #[test]
+    fn malformed_rfc850_dates_are_rejected() {
+        let now = at(EXAMPLE - 90);
+        for bad in [
+            &b"Sunday, 06-Nov-94!08:49:37 GMT"[..],
+            b"Sunday, 06-Nov-94 08:49:37!GMT",
+            b"Sunday, 06 Nov-94 08:49:37 GMT",
+            b"Sunday,06-Nov-94 08:49:37 GMT",
+            b"Sun, 06-Nov-94 08:49:37 GMT",
+            b"Monday, 06-Nov-94 08:49:37 GMT",
+            b"Sunday, 06-Nov-1994 08:49:37 GMT",
+            b"Sunday, 06-Nov-94 08:49:37",
+            b"Sunday, 6-Nov-94 08:49:37 GMT",
+            b"Sunday, 06-nov-94 08:49:37 GMT",
+            b"Sunday, 06-Nov-94 08.49.37 GMT",
+        ] {
+            assert_eq!(parse(bad, now), None, "{}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
+    fn malformed_imf_and_asctime_dates_are_rejected() {
+        let now = at(EXAMPLE - 90);
+        for bad in [
+            &b"Mon, 06 Nov 1994 08:49:37 GMT"[..],
+            b"Sun, 06 Nov 1994 08:49:37 GMT.",
+            b"Sun,  06 Nov 1994 08:49:37 GMT",
+            b"Sun, 6 Nov 1994 08:49:37 GMT",
+            b"Sun, 06 Nov 94 08:49:37 GMT",
+            b"Sun, 06 Nov 1994 08:49:37 gmt",
+            b"Sun, 06 Nov 1994 08:49:60 GMT",
+            b"Sun, 31 Nov 1994 08:49:37 GMT",
+            b"Sun Nov 6 08:49:37 1994",
+            b"Sun Nov  6 08:49:37 94",
+            b"Mon Nov  6 08:49:37 1994",
+            b"Sun Nov 06 08:49:37 1994 GMT",
+        ] {
+            assert_eq!(parse(bad, now), None, "{}", String::from_utf8_lossy(bad));
+        }
+        // Leap days exist only in leap years; an asctime day may be zero-padded too.
+        assert_eq!(
+            parse(b"Thu, 29 Feb 1996 00:00:00 GMT", at(0)).map(|_| ()),
+            Some(())
+        );
+        assert_eq!(parse(b"Sat, 29 Feb 1997 00:00:00 GMT", at(0)), None);
+        assert_eq!(
+            parse(b"Sun Nov 06 08:49:37 1994", now),
+            Some(Duration::from_secs(90))
+        );
+    }
+
+    /// Found by the fuzzer: httpdate cannot represent dates before 1970, so they were
+    /// `None` instead of the zero promised for any past date.
+    #[test]
+    fn any_past_date_is_zero_even_before_1970() {
+        let now = at(EXAMPLE);
+        for past in [
+            &b"Thu, 01 Jan 1970 00:00:00 GMT"[..],
+            b"Wed, 31 Dec 1969 23:59:59 GMT",
+            b"Tue, 04 Jul 1905 12:00:00 GMT",
+            b"Sat, 01 Jan 0000 00:00:00 GMT",
+            b"Fri Dec 31 23:59:59 1965",
+        ] {
+            assert_eq!(
+                parse(past, now),
+                Some(Duration::ZERO),
+                "{}",
+                String::from_utf8_lossy(past)
+            );
+        }
+        // Even when `now` itself is before 1970.
+        let before = SystemTime::UNIX_EPOCH - Duration::from_secs(86_400 * 365);
+        assert_eq!(
+            parse(b"Wed, 31 Dec 1969 23:59:59 GMT", before),
+            Some(Duration::from_secs(86_400 * 365 - 1))
+        );
+        assert_eq!(
+            parse(b"Sun, 01 Jan 1905 00:00:00 GMT", before),
+            Some(Duration::ZERO)
+        );
+    }
+
+    /// Found by the fuzzer: a two-digit year was read with a fixed pivot (70 as 1970).
+    /// RFC 9110: a year more than 50 years in the future is the last such year past.
+    #[test]
+    fn rfc850_two_digit_years_follow_rfc9110() {
+        // Thu, 01 Jan 2026 00:00:00 GMT
+        let y2026 = at(1_767_225_600);
+        // 2070 is 44 years ahead: the future, not 1970.
+        let in_2070 = parse(b"Wednesday, 01-Jan-70 00:00:00 GMT", y2026).expect("2070");
+        assert_eq!(in_2070, Duration::from_secs(3_155_760_000 - 1_767_225_600));
+        // 1 Jan 1970 was a Thursday: that weekday does not match 2070.
+        assert_eq!(parse(b"Thursday, 01-Jan-70 00:00:00 GMT", y2026), None);
+        // 2076 is exactly 50 years ahead: still the future.
+        assert!(parse(b"Wednesday, 01-Jan-76 00:00:00 GMT", y2026).expect("2076") > in_2070);
+        // 2077 would be 51 years ahead: it is 1977, in the past.
+        assert_eq!(
+            parse(b"Saturday, 01-Jan-77 00:00:00 GMT", y2026),
+            Some(Duration::ZERO)
+        );
+        // The weekday is checked against the year it resolves to (1 Jan 1977 was a
+        // Saturday, 1 Jan 2077 a Friday).
+        assert_eq!(parse(b"Friday, 01-Jan-77 00:00:00 GMT", y2026), None);
+        // In 1994, 94 is 1994 and 20 is 2020 (26 years ahead).
+        let now = at(EXAMPLE - 90);
+        assert_eq!(
+            parse(b"Sunday, 06-Nov-94 08:49:37 GMT", now),
+            Some(Duration::from_secs(90))
+        );
+        assert!(parse(b"Wednesday, 01-Jan-20 00:00:00 GMT", now)
+            .is_some_and(|d| d > Duration::from_secs(25 * 365 * 86_400)));
     }
 
     #[test]

@@ -1,0 +1,226 @@
+//! A loom model of the two lock-free parts: the budget's roll-over and the breaker's
+//! half-open probe admission. Built only with `--cfg loom`, which swaps their atomics and
+//! locks for loom's (see `sync`); run it with
+//!
+//! ```text
+//! LOOM_MAX_PREEMPTIONS=2 RUSTFLAGS="--cfg loom" \
+//!     cargo test -p stormguard-core --lib --release loom_model -- --test-threads=1 --nocapture
+//! ```
+//!
+//! Loom runs every test closure under every interleaving of the threads' atomic
+//! operations (up to the preemption bound), checking the invariants the docs promise:
+//! retries granted <= ratio x deposits + floor, with no per-thread slack, and never more
+//! probes in flight than `probes`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use loom::thread;
+
+/// Runs `f` under loom and prints how many interleavings it explored.
+fn model(name: &str, f: impl Fn() + Sync + Send + 'static) {
+    let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = runs.clone();
+    loom::model(move || {
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        f();
+    });
+    eprintln!(
+        "loom_model::{name}: {} interleavings",
+        runs.load(std::sync::atomic::Ordering::Relaxed)
+    );
+}
+
+use crate::breaker::{Breaker, BreakerConfig, CircuitState, Outcome};
+use crate::RetryBudget;
+
+/// A budget whose epochs are one second wide, and an instant at the start of an epoch.
+fn budget(ratio: f64) -> (RetryBudget, Instant) {
+    let budget = RetryBudget::builder()
+        .ratio(ratio)
+        .window(Duration::from_secs(10))
+        .min_per_sec(0)
+        .build()
+        .expect("valid budget");
+    let t0 = budget.origin();
+    (budget, t0)
+}
+
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+/// Runs `withdrawals` concurrently, one thread each, at the given offsets from `t0`;
+/// returns how many were granted.
+fn race(budget: &RetryBudget, t0: Instant, offsets: &[u64]) -> usize {
+    let handles: Vec<_> = offsets
+        .iter()
+        .map(|&offset| {
+            let budget = budget.clone();
+            thread::spawn(move || budget.try_withdraw(t0 + secs(offset)))
+        })
+        .collect();
+    handles
+        .into_iter()
+        .map(|h| h.join().expect("no panic"))
+        .filter(|granted| *granted)
+        .count()
+}
+
+/// The interleaving loom found in the old roll-over: one deposit, and withdrawals racing
+/// across two bucket boundaries. One deposit at ratio 1 pays for one retry, whoever
+/// moves the clock and in whichever order.
+#[test]
+fn budget_withdrawals_racing_across_boundaries() {
+    model("budget_withdrawals_racing_across_boundaries", || {
+        let (budget, t0) = budget(1.0);
+        budget.deposit(t0);
+        let granted = race(&budget, t0, &[1, 2, 0]);
+        assert!(granted <= 1, "{granted} retries granted for one deposit");
+        // A grant made by a thread that was overtaken is still seen afterwards.
+        assert_eq!(budget.available(t0 + secs(2)), 1 - granted as u64);
+    });
+}
+
+/// A jump of more than a window (every bucket emptied) racing a withdrawal in the
+/// current epoch: whatever wins, the deposit pays for at most one retry, and none after
+/// the jump.
+#[test]
+fn budget_jump_past_the_window_races_a_withdrawal() {
+    model("budget_jump_past_the_window_races_a_withdrawal", || {
+        let (budget, t0) = budget(1.0);
+        budget.deposit(t0);
+        let jumper = {
+            let budget = budget.clone();
+            thread::spawn(move || budget.try_withdraw(t0 + secs(25)))
+        };
+        let here = budget.try_withdraw(t0 + secs(1));
+        let there = jumper.join().expect("no panic");
+        assert!(!there || !here, "one deposit paid for two retries");
+        assert_eq!(budget.available(t0 + secs(25)), 0);
+    });
+}
+
+/// Deposits and withdrawals racing across a boundary: the grants never run ahead of the
+/// deposits they could have seen (ratio 1, no floor, all in one window).
+#[test]
+fn budget_deposits_racing_withdrawals() {
+    model("budget_deposits_racing_withdrawals", || {
+        let (budget, t0) = budget(1.0);
+        let depositor = {
+            let budget = budget.clone();
+            thread::spawn(move || {
+                budget.deposit(t0 + secs(1));
+                budget.try_withdraw(t0 + secs(1))
+            })
+        };
+        let other = {
+            let budget = budget.clone();
+            thread::spawn(move || budget.try_withdraw(t0 + secs(2)))
+        };
+        let granted = [depositor, other]
+            .into_iter()
+            .map(|h| h.join().expect("no panic"))
+            .filter(|granted| *granted)
+            .count();
+        assert!(granted <= 1, "{granted} retries granted for one deposit");
+    });
+}
+
+/// A breaker tripped by one failure, whose break of 5 s is over at `t0 + 5 s`.
+fn tripped(probes: u32) -> (Arc<Breaker>, Instant) {
+    let config = BreakerConfig::builder()
+        .consecutive_failures(1)
+        .break_duration(secs(5))
+        .probes(probes)
+        .jitter(0.0)
+        .build()
+        .expect("valid config");
+    let breaker = Arc::new(Breaker::with_seed(config, 1));
+    let t0 = Instant::now();
+    let permit = breaker.try_acquire(t0).expect("closed");
+    breaker.record(permit, Outcome::Failure, t0);
+    assert_eq!(breaker.state(t0), CircuitState::Open);
+    (breaker, t0 + secs(5))
+}
+
+/// Three callers find the break over at once: one of them turns the circuit half-open,
+/// and exactly one probe is admitted.
+#[test]
+fn breaker_admits_one_probe_among_racing_callers() {
+    model("breaker_admits_one_probe_among_racing_callers", || {
+        let (breaker, later) = tripped(1);
+        let handles: Vec<_> = (0..3)
+            .map(|_| {
+                let breaker = breaker.clone();
+                thread::spawn(move || breaker.try_acquire(later).is_ok())
+            })
+            .collect();
+        let admitted = handles
+            .into_iter()
+            .map(|h| h.join().expect("no panic"))
+            .filter(|ok| *ok)
+            .count();
+        assert_eq!(admitted, 1);
+    });
+}
+
+/// With two probe slots: one probe succeeds while two more callers race for the slots.
+/// A success keeps its slot until the circuit closes, so at most two are ever admitted.
+#[test]
+fn breaker_probe_slots_with_a_success_racing() {
+    model("breaker_probe_slots_with_a_success_racing", || {
+        let (breaker, later) = tripped(2);
+        let first = {
+            let breaker = breaker.clone();
+            thread::spawn(move || match breaker.try_acquire(later) {
+                Ok(permit) => {
+                    breaker.record(permit, Outcome::Success, later);
+                    1
+                }
+                Err(_) => 0,
+            })
+        };
+        let others: Vec<_> = (0..2)
+            .map(|_| {
+                let breaker = breaker.clone();
+                thread::spawn(move || usize::from(breaker.try_acquire(later).is_ok()))
+            })
+            .collect();
+        let admitted: usize = std::iter::once(first)
+            .chain(others)
+            .map(|h| h.join().expect("no panic"))
+            .sum();
+        assert!(admitted <= 2, "{admitted} probes for 2 slots");
+        assert_ne!(breaker.state(later), CircuitState::Closed);
+    });
+}
+
+/// A probe given back (its call was cancelled) frees its slot for one more caller, and
+/// only one: the two callers that never give theirs back hold one slot between them.
+#[test]
+fn breaker_released_probe_frees_exactly_one_slot() {
+    model("breaker_released_probe_frees_exactly_one_slot", || {
+        let (breaker, later) = tripped(1);
+        let releaser = {
+            let breaker = breaker.clone();
+            thread::spawn(move || {
+                if let Ok(permit) = breaker.try_acquire(later) {
+                    breaker.release(permit);
+                }
+            })
+        };
+        let holders: Vec<_> = (0..2)
+            .map(|_| {
+                let breaker = breaker.clone();
+                thread::spawn(move || usize::from(breaker.try_acquire(later).is_ok()))
+            })
+            .collect();
+        releaser.join().expect("no panic");
+        let held: usize = holders
+            .into_iter()
+            .map(|h| h.join().expect("no panic"))
+            .sum();
+        assert!(held <= 1, "{held} probes held at once for 1 slot");
+    });
+}
