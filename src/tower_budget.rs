@@ -72,6 +72,7 @@ mod tests {
             RetryBudget::builder()
                 .ratio(0.1)
                 .min_per_sec(0)
+                .pace(None)
                 .build()
                 .expect("budget"),
         );

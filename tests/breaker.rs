@@ -401,6 +401,12 @@ async fn with_retry_outside_an_open_circuit_comes_back_at_once_not_retried() {
     let policy = RetryPolicy::builder()
         .max_attempts(5)
         .backoff(Backoff::new(100 * MS, BREAK, Jitter::None).expect("backoff"))
+        .budget(
+            stormguard::RetryBudget::builder()
+                .min_per_sec(1)
+                .build()
+                .expect("budget"),
+        )
         .build()
         .expect("policy");
     let (mock, mut handle) = mock::pair::<Req, Res>();

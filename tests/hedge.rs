@@ -119,9 +119,19 @@ fn get() -> Request<String> {
         .expect("request")
 }
 
+/// A budget that grants every hedge these tests make (ten a window, unpaced).
+fn roomy() -> RetryBudget {
+    RetryBudget::builder()
+        .min_per_sec(10)
+        .pace(None)
+        .build()
+        .expect("valid budget")
+}
+
 fn fixed(delay_ms: u64) -> HedgePolicy {
     HedgePolicy::builder()
         .delay(Duration::from_millis(delay_ms))
+        .budget(roomy())
         .build()
         .expect("valid policy")
 }
@@ -338,6 +348,7 @@ async fn grpc_pushback_from_any_attempt_stops_further_hedges() {
     let policy = HedgePolicy::builder()
         .delay(50 * MS)
         .max_attempts(3)
+        .budget(roomy())
         .build()
         .expect("valid policy");
     let unavailable_pushback = Reply {
@@ -370,6 +381,7 @@ async fn grpc_unavailable_without_pushback_sends_the_next_hedge_at_once() {
     let policy = HedgePolicy::builder()
         .delay(50 * MS)
         .max_attempts(3)
+        .budget(roomy())
         .build()
         .expect("valid policy");
     let unavailable = Reply {
@@ -399,6 +411,7 @@ async fn an_open_breaker_below_stops_further_hedges() {
     let policy = HedgePolicy::builder()
         .delay(50 * MS)
         .max_attempts(3)
+        .budget(roomy())
         .build()
         .expect("valid policy");
     let script = Scripted::new(vec![reply(1000, 200), reply(10, 200)]);

@@ -23,8 +23,21 @@ fn fixed_backoff() -> Backoff {
     Backoff::new(200 * MS, 20_000 * MS, Jitter::None).expect("valid backoff")
 }
 
+/// A budget that grants every retry these tests make (ten a second, unpaced): the
+/// budget's own limits are tested apart.
+fn roomy() -> RetryBudget {
+    RetryBudget::builder()
+        .min_per_sec(10)
+        .pace(None)
+        .build()
+        .expect("budget")
+}
+
 fn policy() -> stormguard::RetryPolicyBuilder {
-    RetryPolicy::builder().backoff(fixed_backoff()).seed(7)
+    RetryPolicy::builder()
+        .backoff(fixed_backoff())
+        .budget(roomy())
+        .seed(7)
 }
 
 fn start(policy: RetryPolicy, req: Request<String>) -> (JoinHandle<Outcome>, Mock) {
@@ -341,6 +354,8 @@ async fn the_budget_caps_retries_at_its_ratio() {
     let budget = RetryBudget::builder()
         .ratio(0.1)
         .min_per_sec(0)
+        // Unpaced: this test counts the window's ratio, all at one instant.
+        .pace(None)
         .build()
         .expect("budget");
     let policy = RetryPolicy::builder()
@@ -436,6 +451,7 @@ async fn grpc_codes_other_than_unavailable_are_permanent() {
 /// The waits between attempts of one seeded run, in milliseconds.
 async fn seeded_waits(seed: u64) -> Vec<u128> {
     let policy = RetryPolicy::builder()
+        .budget(roomy())
         .seed(seed)
         .max_attempts(4)
         .build()
@@ -609,6 +625,7 @@ async fn a_grpc_transparent_retry_says_so_in_its_headers() {
 #[tokio::test(start_paused = true)]
 async fn grpc_backoff_starts_over_after_a_pushback() {
     let policy = RetryPolicy::builder()
+        .budget(roomy())
         .max_attempts(5)
         .backoff(Backoff::new(100 * MS, 20_000 * MS, Jitter::None).expect("backoff"))
         .seed(7)
@@ -689,6 +706,7 @@ async fn a_backoff_that_fits_the_deadline_is_taken() {
 #[tokio::test(start_paused = true)]
 async fn grpc_timeout_is_the_deadline_and_is_rewritten_on_each_retry() {
     let policy = RetryPolicy::builder()
+        .budget(roomy())
         .max_attempts(5)
         .backoff(Backoff::new(100 * MS, 20_000 * MS, Jitter::None).expect("backoff"))
         .seed(7)

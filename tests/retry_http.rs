@@ -18,7 +18,7 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use stormguard::{Attempts, Backoff, Jitter, ReplayBody, RetryLayer, RetryPolicy};
+use stormguard::{Attempts, Backoff, Jitter, ReplayBody, RetryLayer};
 use tokio::net::TcpListener;
 use tower::{BoxError, ServiceBuilder, ServiceExt};
 
@@ -272,7 +272,7 @@ async fn a_post_to_a_refused_port_is_retried_until_the_server_is_up() {
         .local_addr()
         .expect("addr")
         .port();
-    let policy = RetryPolicy::builder()
+    let policy = fast_policy(1)
         .backoff(
             Backoff::new(
                 Duration::from_millis(300),

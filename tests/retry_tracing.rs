@@ -40,6 +40,12 @@ async fn every_retry_and_the_give_up_are_traced() {
 
     let policy = RetryPolicy::builder()
         .backoff(Backoff::new(200 * MS, 20_000 * MS, Jitter::None).expect("backoff"))
+        .budget(
+            stormguard::RetryBudget::builder()
+                .min_per_sec(10)
+                .build()
+                .expect("budget"),
+        )
         .build()
         .expect("policy");
     let (service, mut upstream) = mock::pair::<Request<String>, Response<String>>();

@@ -2,9 +2,11 @@
 
 use std::time::Duration;
 
-use stormguard::{Backoff, Jitter, RetryPolicy, RetryPolicyBuilder};
+use stormguard::{Backoff, Jitter, RetryBudget, RetryPolicy, RetryPolicyBuilder};
 
-/// Waits of 5 to 50 ms, drawn from streams derived from `seed`.
+/// Waits of 5 to 50 ms, drawn from streams derived from `seed`, and a budget that
+/// grants every retry these tests make (ten a second, unpaced): what is tested here is
+/// the retry layer against real servers, not the budget's limits.
 pub(crate) fn fast_policy(seed: u64) -> RetryPolicyBuilder {
     let backoff = Backoff::new(
         Duration::from_millis(5),
@@ -12,5 +14,13 @@ pub(crate) fn fast_policy(seed: u64) -> RetryPolicyBuilder {
         Jitter::Full,
     )
     .expect("valid backoff");
-    RetryPolicy::builder().backoff(backoff).seed(seed)
+    let budget = RetryBudget::builder()
+        .min_per_sec(10)
+        .pace(None)
+        .build()
+        .expect("valid budget");
+    RetryPolicy::builder()
+        .backoff(backoff)
+        .budget(budget)
+        .seed(seed)
 }
