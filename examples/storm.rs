@@ -510,7 +510,7 @@ impl Dependency {
     /// A uniform draw in [0, 1) for the partial outage.
     fn draw(&self) -> f64 {
         let n = self.draws.fetch_add(1, Ordering::Relaxed);
-        let x = splitmix64(self.seed ^ 0x5EED_0F_FA11 ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let x = splitmix64(self.seed ^ 0x5EED_0FFA_1100 ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15));
         (x >> 11) as f64 / (1u64 << 53) as f64
     }
 
