@@ -294,20 +294,28 @@ pub fn candidates(attempts: u32) -> Result<Vec<(String, Strategy)>, String> {
     use crate::strategy::{BreakerMode, BudgetKind};
 
     let base = Strategy::named("stormguard+breaker", attempts).ok_or("unknown strategy")?;
-    let breaker = |window: u64, brk: u64, max: u64, probes: u32| {
+    // window s / failure ratio / streak / break ms .. max break ms / probes
+    let breaker = |window: u64,
+                   ratio: f64,
+                   streak: Option<u32>,
+                   brk: u64,
+                   max: u64,
+                   probes: u32| {
         BreakerConfig::builder()
             .window(Duration::from_secs(window))
+            .failure_ratio(ratio)
+            .consecutive_failures(streak)
             .break_duration(Duration::from_millis(brk))
             .max_break_duration(Duration::from_millis(max))
             .probes(probes)
             .build()
             .map_err(|e| e.to_string())
     };
-    let floor0 = BudgetKind::Core {
+    let budget = |min_retries: u32, pace: Option<f64>| BudgetKind::Core {
         ratio: 0.1,
         window: Duration::from_secs(10),
-        min_retries: 0,
-        pace: None,
+        min_retries,
+        pace,
     };
     let mut out = Vec::new();
     let mut add = |label: &str, budget: Option<BudgetKind>, mode: Option<BreakerMode>| {
@@ -321,33 +329,42 @@ pub fn candidates(attempts: u32) -> Result<Vec<(String, Strategy)>, String> {
         s.name = label.to_string();
         out.push((label.to_string(), s));
     };
-    add("budget only (current)", None, Some(BreakerMode::Off));
-    add("budget floor 0", Some(floor0), Some(BreakerMode::Off));
-    add("current: 30s/5s..60s/1", None, None);
+    add("budget only (defaults)", None, Some(BreakerMode::Off));
     add(
-        "10s/1s..10s/1",
-        None,
-        Some(BreakerMode::AllCalls(breaker(10, 1000, 10_000, 1)?)),
+        "budget only, 1/s floor, unpaced (old)",
+        Some(budget(10, None)),
+        Some(BreakerMode::Off),
     );
     add(
-        "10s/1s..10s/5",
+        "budget only, floor 0, unpaced",
+        Some(budget(0, None)),
+        Some(BreakerMode::Off),
+    );
+    add("defaults: 2s/0.8/50 in a row/25ms", None, None);
+    add(
+        "old breaker: 30s/0.5/5s..60s",
         None,
-        Some(BreakerMode::AllCalls(breaker(10, 1000, 10_000, 5)?)),
+        Some(BreakerMode::AllCalls(breaker(30, 0.5, None, 5000, 60_000, 1)?)),
     );
     add(
-        "10s/2s..30s/3",
+        "2s/0.8/no streak/25ms",
         None,
-        Some(BreakerMode::AllCalls(breaker(10, 2000, 30_000, 3)?)),
+        Some(BreakerMode::AllCalls(breaker(2, 0.8, None, 25, 25, 1)?)),
     );
     add(
-        "retries-only 10s/1s..10s/1",
+        "2s/0.8/50 in a row/1s..10s",
         None,
-        Some(BreakerMode::RetriesOnly(breaker(10, 1000, 10_000, 1)?)),
+        Some(BreakerMode::AllCalls(breaker(2, 0.8, Some(50), 1000, 10_000, 1)?)),
     );
     add(
-        "retries-only 10s/1s..10s/1 floor 0",
-        Some(floor0),
-        Some(BreakerMode::RetriesOnly(breaker(10, 1000, 10_000, 1)?)),
+        "2s/0.5/50 in a row/25ms",
+        None,
+        Some(BreakerMode::AllCalls(breaker(2, 0.5, Some(50), 25, 25, 1)?)),
+    );
+    add(
+        "retries-only, defaults",
+        None,
+        Some(BreakerMode::RetriesOnly(BreakerConfig::default())),
     );
     Ok(out)
 }
