@@ -134,9 +134,9 @@ async fn drive(stack: Stack, url: &str, served: &AtomicU64) -> Run {
 }
 
 /// The most hedges a default budget grants over a run shorter than its 10 s window, per
-/// request: 10% of the requests plus its floor of 1/s over the window.
+/// request: 10% of the requests plus its floor of one retry per window.
 fn budget_share() -> f64 {
-    0.1 + 10.0 / REQUESTS as f64
+    0.1 + 1.0 / REQUESTS as f64
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
