@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Method, Request, Response};
-use http_body_util::Full;
+use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
@@ -26,7 +26,7 @@ use tower::{BoxError, ServiceBuilder, ServiceExt};
 
 /// Requests each connection serves before the server drains it (nginx's
 /// `keepalive_requests`, set low).
-const PER_CONNECTION: usize = 50;
+const PER_CONNECTION: usize = 20;
 const REQUESTS: u64 = 2_000;
 const CONCURRENCY: u64 = 32;
 
@@ -64,6 +64,13 @@ async fn draining_server(protocol: Protocol) -> (SocketAddr, Processed) {
                         .and_then(|v| v.to_str().ok())
                         .and_then(|v| v.parse::<u64>().ok())
                         .unwrap_or(u64::MAX);
+                    // The application acts on a whole request, as one that reads its
+                    // body does: a request whose body never arrived is not processed.
+                    if req.into_body().collect().await.is_err() {
+                        let mut res = Response::new(Full::new(Bytes::new()));
+                        *res.status_mut() = http::StatusCode::BAD_REQUEST;
+                        return Ok::<_, Infallible>(res);
+                    }
                     // A little work, so requests overlap the drain.
                     tokio::time::sleep(Duration::from_millis(1)).await;
                     *seen.lock().expect("lock").entry(id).or_default() += 1;
@@ -243,16 +250,20 @@ async fn drain_test(protocol: Protocol) {
         failures.first
     );
     assert!(
-        failures.ids.len() <= 10,
-        "lost responses stay rare: {} ({:?})",
+        failures.ids.len() <= (REQUESTS / 100) as usize,
+        "lost responses stay under 1%: {} ({:?})",
         failures.ids.len(),
         failures.first
     );
     assert_eq!(posts_twice, 0, "no POST is processed twice");
     if protocol == Protocol::Http2 {
-        // Forty drains at 32 requests in flight: some caught a request in passing,
-        // and the retry that saved it spent no budget.
-        assert!(stats.transparent_retries > 0, "the drains were felt");
+        // A hundred drains at 32 requests in flight catch requests in passing (how many
+        // depends on timing: the run without retries shows them as errors, this one as
+        // transparent retries), and the retries that saved them spent no budget.
+        assert!(
+            !plain.ids.is_empty() || stats.transparent_retries > 0,
+            "the drains were felt"
+        );
         assert_eq!(stats.budget_denied, 0);
     }
     assert_eq!(

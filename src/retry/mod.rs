@@ -31,7 +31,14 @@
 //! budget, whatever its method, and the breaker does not count the failure. A second
 //! such failure for the same request goes through the checks below like any other.
 //! A refused connection is not one of these: it says the dependency may be down, and is
-//! an ordinary retry with backoff. Transparent retries are counted apart
+//! an ordinary retry with backoff.
+//!
+//! One limit of what the error can tell: h2 hands the GOAWAY to the streams above the
+//! server's last stream id, and also to a stream below it whose request body was still
+//! being sent when the GOAWAY came. The server got that request's head but not its whole
+//! body; an application that reads its body before acting never saw it, one that acts on
+//! the head alone may have. Give requests to such an application an `Idempotency-Key`,
+//! or mark them [`NoRetry`]. Transparent retries are counted apart
 //! ([`RetryStats::transparent_retries`]), traced with reason `transparent`, and a
 //! gRPC call carries `grpc-transparent-retry-attempts: 1` on its second try.
 //!

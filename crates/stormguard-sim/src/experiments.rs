@@ -295,22 +295,18 @@ pub fn candidates(attempts: u32) -> Result<Vec<(String, Strategy)>, String> {
 
     let base = Strategy::named("stormguard+breaker", attempts).ok_or("unknown strategy")?;
     // window s / failure ratio / streak / break ms .. max break ms / probes
-    let breaker = |window: u64,
-                   ratio: f64,
-                   streak: Option<u32>,
-                   brk: u64,
-                   max: u64,
-                   probes: u32| {
-        BreakerConfig::builder()
-            .window(Duration::from_secs(window))
-            .failure_ratio(ratio)
-            .consecutive_failures(streak)
-            .break_duration(Duration::from_millis(brk))
-            .max_break_duration(Duration::from_millis(max))
-            .probes(probes)
-            .build()
-            .map_err(|e| e.to_string())
-    };
+    let breaker =
+        |window: u64, ratio: f64, streak: Option<u32>, brk: u64, max: u64, probes: u32| {
+            BreakerConfig::builder()
+                .window(Duration::from_secs(window))
+                .failure_ratio(ratio)
+                .consecutive_failures(streak)
+                .break_duration(Duration::from_millis(brk))
+                .max_break_duration(Duration::from_millis(max))
+                .probes(probes)
+                .build()
+                .map_err(|e| e.to_string())
+        };
     let budget = |min_retries: u32, pace: Option<f64>| BudgetKind::Core {
         ratio: 0.1,
         window: Duration::from_secs(10),
@@ -344,7 +340,9 @@ pub fn candidates(attempts: u32) -> Result<Vec<(String, Strategy)>, String> {
     add(
         "old breaker: 30s/0.5/5s..60s",
         None,
-        Some(BreakerMode::AllCalls(breaker(30, 0.5, None, 5000, 60_000, 1)?)),
+        Some(BreakerMode::AllCalls(breaker(
+            30, 0.5, None, 5000, 60_000, 1,
+        )?)),
     );
     add(
         "2s/0.8/no streak/25ms",
@@ -354,7 +352,14 @@ pub fn candidates(attempts: u32) -> Result<Vec<(String, Strategy)>, String> {
     add(
         "2s/0.8/50 in a row/1s..10s",
         None,
-        Some(BreakerMode::AllCalls(breaker(2, 0.8, Some(50), 1000, 10_000, 1)?)),
+        Some(BreakerMode::AllCalls(breaker(
+            2,
+            0.8,
+            Some(50),
+            1000,
+            10_000,
+            1,
+        )?)),
     );
     add(
         "2s/0.5/50 in a row/25ms",
