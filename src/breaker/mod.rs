@@ -4,9 +4,12 @@
 //! Retries help with blips. When a dependency is down or overloaded, though, every call
 //! and every retry adds to its load while each caller waits out its timeout for nothing.
 //! A circuit breaker counts the outcomes of recent calls and, once too many fail, *opens*:
-//! for a break (5 s by default, doubling after each failed recovery up to a cap, with a
-//! little jitter), calls fail at once with [`CircuitOpen`] without reaching the
-//! dependency. When the break is over the circuit is *half-open*: exactly `probes` calls
+//! for a break (25 ms by default, with a little jitter; doubling after each failed
+//! recovery when a longer `max_break_duration` is set), calls fail at once with
+//! [`CircuitOpen`] without reaching the dependency. By default it opens after 50 failures
+//! in a row, or when 80% of the calls of the last 2 s failed: a dependency that is down,
+//! not one that fails some requests (shedding those would lose the ones that succeed).
+//! [`stormguard_core::breaker`] says why these defaults, with the measurements. When the break is over the circuit is *half-open*: exactly `probes` calls
 //! (1 by default) go through, across every clone of the service; if they succeed the
 //! circuit *closes* and traffic resumes, if one fails it opens again for a longer break.
 //! The rules live in [`stormguard_core::breaker`], a state machine with time passed in;
@@ -276,8 +279,8 @@ impl fmt::Debug for CircuitBreaker {
 }
 
 impl CircuitBreaker {
-    /// A builder with the defaults: a 30 s window, at least 20 calls and half of them
-    /// failing to open, breaks from 5 s to 60 s with 20% jitter, one probe, failures
+    /// A builder with the defaults: open after 50 failures in a row, or when at least
+    /// 20 calls over a 2 s window saw 80% fail; 25 ms breaks with 20% jitter, one probe; failures
     /// as described in the [module docs](self), failing fast while open.
     pub fn builder() -> CircuitBreakerBuilder {
         CircuitBreakerBuilder {
@@ -511,7 +514,7 @@ impl fmt::Debug for CircuitBreakerBuilder {
 }
 
 impl CircuitBreakerBuilder {
-    /// The span of the sliding window over which failures are counted (default 30 s),
+    /// The span of the sliding window over which failures are counted (default 2 s),
     /// from 10 ms to 365 days.
     pub fn window(mut self, window: Duration) -> Self {
         self.config = self.config.window(window);
@@ -525,28 +528,28 @@ impl CircuitBreakerBuilder {
         self
     }
 
-    /// The share of failures over the window that opens the circuit (default 0.5),
+    /// The share of failures over the window that opens the circuit (default 0.8),
     /// greater than 0 and at most 1.
     pub fn failure_ratio(mut self, ratio: f64) -> Self {
         self.config = self.config.failure_ratio(ratio);
         self
     }
 
-    /// Also open after this many failures in a row (default off); a `u32` or an
-    /// `Option<u32>`, at least 1.
+    /// Also open after this many failures in a row (default 50); a `u32` or an
+    /// `Option<u32>` (`None` turns it off), at least 1.
     pub fn consecutive_failures(mut self, failures: impl Into<Option<u32>>) -> Self {
         self.config = self.config.consecutive_failures(failures);
         self
     }
 
-    /// The first break (default 5 s), more than zero.
+    /// The first break (default 25 ms), more than zero.
     pub fn break_duration(mut self, duration: Duration) -> Self {
         self.config = self.config.break_duration(duration);
         self
     }
 
-    /// The longest break (default 60 s), at least `break_duration`; each failed probe
-    /// doubles the break up to this.
+    /// The longest break (default: `break_duration`, so no doubling), at least
+    /// `break_duration`; each failed probe doubles the break up to this.
     pub fn max_break_duration(mut self, duration: Duration) -> Self {
         self.config = self.config.max_break_duration(duration);
         self

@@ -253,7 +253,7 @@ struct Shared {
 /// The retry decisions for HTTP and gRPC requests, as a [`tower::retry::Policy`].
 ///
 /// `RetryPolicy::default()`: 3 attempts, full-jitter backoff from 200 ms to 20 s, a
-/// fresh [`RetryBudget`] (10% over 10 s, 1/s floor), 408/429/500/502/503/504 and gRPC
+/// fresh [`RetryBudget`] (10% over 10 s plus 1 retry a window, paced at half the request rate), 408/429/500/502/503/504 and gRPC
 /// UNAVAILABLE retried, Retry-After honoured up to 20 s, bodies replayed up to 64 KiB.
 ///
 /// # Clone
