@@ -16,8 +16,8 @@ pub use retry::{
     Attempts, GiveUp, Idempotent, NoRetry, RetryLayer, RetryPolicy, RetryPolicyBuilder, RetryStats,
 };
 pub use stormguard_core::{
-    backoff, budget, classify, deadline, deadline::Deadline, redelivery, retry_after, Backoff,
-    CircuitState, Class, ConfigError, Jitter, RetryBudget, RetryBudgetBuilder, Transition,
+    backoff, budget, classify, deadline, deadline::Deadline, redelivery, retry_after, throttle,
+    Backoff, CircuitState, Class, ConfigError, Jitter, RetryBudget, RetryBudgetBuilder, Transition,
 };
 pub use tower_budget::TowerBudget;
 

@@ -742,3 +742,41 @@ async fn a_no_retry_signal_is_returned_at_once() {
     assert_nothing_sent(&mut upstream).await;
     assert_eq!(policy.stats().server_refused, 1);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a6_throttling_stops_retries_at_half_the_tokens() {
+    use stormguard::throttle::RetryThrottle;
+    // gRFC A6 with maxTokens 4, tokenRatio 0.5: retries only while tokens > 2.
+    let throttle = RetryThrottle::builder()
+        .max_tokens(4.0)
+        .token_ratio(0.5)
+        .build()
+        .expect("throttle");
+    let policy = policy().throttle(throttle.clone()).build().expect("policy");
+
+    // 4 -> 3 (retry allowed) -> 2 (no more): two attempts.
+    let (call, mut upstream) = start(policy.clone(), get());
+    answer_now(&mut upstream, status(503)).await;
+    answer_after(&mut upstream, 200 * MS, status(503)).await;
+    assert_eq!(status_of(call).await, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(throttle.tokens(), 2.0);
+    // 2 -> 1: no retry at all.
+    let (call, mut upstream) = start(policy.clone(), get());
+    answer_now(&mut upstream, status(503)).await;
+    assert_eq!(status_of(call).await, StatusCode::SERVICE_UNAVAILABLE);
+    advance(Duration::from_secs(60)).await;
+    assert_nothing_sent(&mut upstream).await;
+    assert_eq!(policy.stats().budget_denied, 2);
+
+    // Five successes bring it to 3.5: a failure leaves 2.5 (> 2), and it is retried.
+    for _ in 0..5 {
+        let (call, mut upstream) = start(policy.clone(), get());
+        answer_now(&mut upstream, status(200)).await;
+        assert_eq!(status_of(call).await, StatusCode::OK);
+    }
+    assert_eq!(throttle.tokens(), 3.5);
+    let (call, mut upstream) = start(policy.clone(), get());
+    answer_now(&mut upstream, status(503)).await;
+    answer_after(&mut upstream, 200 * MS, status(200)).await;
+    assert_eq!(status_of(call).await, StatusCode::OK);
+}

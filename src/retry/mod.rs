@@ -88,6 +88,7 @@ use stormguard_core::classify::{
     is_idempotent, Rules, StatusSet, GRPC_PREVIOUS_RPC_ATTEMPTS, X_ATTEMPT_COUNT,
 };
 use stormguard_core::deadline::{grpc_timeout_value, parse_grpc_timeout, Deadline};
+use stormguard_core::throttle::RetryThrottle;
 use stormguard_core::{Backoff, Class, ConfigError, RetryBudget, Schedule};
 use tokio::time::Sleep;
 
@@ -242,6 +243,7 @@ struct Shared {
     max_attempts: u32,
     backoff: Backoff,
     budget: RetryBudget,
+    throttle: Option<RetryThrottle>,
     rules: Rules,
     max_retry_after: Duration,
     max_replay_bytes: usize,
@@ -391,6 +393,11 @@ impl RetryPolicy {
         if self.deadline.is_some_and(|d| !d.allows(now, delay)) {
             return Err(GiveUp::Deadline);
         }
+        if let Some(throttle) = &self.shared.throttle {
+            if !throttle.allows_retry() {
+                return Err(GiveUp::Budget);
+            }
+        }
         if !self.shared.budget.try_withdraw(now) {
             return Err(GiveUp::Budget);
         }
@@ -505,6 +512,7 @@ pub struct RetryPolicyBuilder {
     max_attempts: u32,
     backoff: Backoff,
     budget: Option<RetryBudget>,
+    throttle: Option<RetryThrottle>,
     rules: Rules,
     max_retry_after: Option<Duration>,
     max_replay_bytes: usize,
@@ -517,6 +525,7 @@ impl Default for RetryPolicyBuilder {
             max_attempts: 3,
             backoff: Backoff::default(),
             budget: None,
+            throttle: None,
             rules: Rules::default(),
             max_retry_after: None,
             max_replay_bytes: DEFAULT_MAX_REPLAY_BYTES,
@@ -543,6 +552,27 @@ impl RetryPolicyBuilder {
     /// a dependency [a budget of its own with the defaults].
     pub fn budget(mut self, budget: RetryBudget) -> Self {
         self.budget = Some(budget);
+        self
+    }
+
+    /// Also throttles retries by gRFC A6's `retryThrottling` \[none\]: every
+    /// attempt's outcome moves the throttle's token count (a retryable failure takes
+    /// one, a success gives `token_ratio` back), and no retry is made while the count
+    /// is at or below half of `max_tokens` (reason `budget`). The budget still applies.
+    /// Share one throttle (by `clone`) across the clients of a server, as A6 keeps one
+    /// per server.
+    ///
+    /// ```
+    /// use stormguard::RetryPolicy;
+    /// use stormguard_core::throttle::RetryThrottle;
+    ///
+    /// let throttle = RetryThrottle::builder().max_tokens(10.0).token_ratio(0.1).build()?;
+    /// let policy = RetryPolicy::builder().throttle(throttle).build()?;
+    /// # let _ = policy;
+    /// # Ok::<(), stormguard::ConfigError>(())
+    /// ```
+    pub fn throttle(mut self, throttle: RetryThrottle) -> Self {
+        self.throttle = Some(throttle);
         self
     }
 
@@ -598,6 +628,7 @@ impl RetryPolicyBuilder {
                 max_retry_after: self.max_retry_after.unwrap_or(self.backoff.cap()),
                 backoff: self.backoff,
                 budget: self.budget.unwrap_or_default(),
+                throttle: self.throttle,
                 rules: self.rules,
                 max_replay_bytes: self.max_replay_bytes,
                 seed: self.seed,
@@ -715,6 +746,14 @@ where
         };
         self.attempts += 1;
         let attempts = self.attempts;
+        if let Some(throttle) = &self.shared.throttle {
+            // gRFC A6: every attempt's outcome moves the token count.
+            match class {
+                Class::Success => throttle.record_success(),
+                Class::Retryable { .. } | Class::DontRetry => throttle.record_failure(),
+                Class::Permanent => {}
+            }
+        }
         let decision = match class {
             Class::Success => return self.finish(result, attempts, None),
             Class::Permanent => Err(GiveUp::Permanent),
