@@ -4,6 +4,8 @@ pub mod body;
 pub mod breaker;
 mod error_class;
 pub mod hedge;
+#[cfg(feature = "metrics")]
+pub mod metrics;
 pub mod retry;
 pub mod signals;
 mod tower_budget;

@@ -226,6 +226,8 @@ pub struct BreakerStats {
 }
 
 struct Shared {
+    /// The dependency's name, the `dependency` label of the metrics.
+    name: String,
     breaker: Breaker,
     failure_statuses: StatusSet,
     failure_grpc_codes: GrpcCodeSet,
@@ -238,6 +240,8 @@ struct Shared {
     failures: AtomicU64,
     rejected: AtomicU64,
     transitions: AtomicU64,
+    #[cfg(feature = "metrics")]
+    metrics: crate::metrics::BreakerMetrics,
 }
 
 /// A circuit breaker: the shared state behind [`CircuitBreakerLayer`], and the handle to
@@ -268,6 +272,7 @@ impl Default for CircuitBreaker {
 impl fmt::Debug for CircuitBreaker {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CircuitBreaker")
+            .field("name", &self.shared.name)
             .field("state", &self.state())
             .field("stats", &self.stats())
             .field("config", self.shared.breaker.config())
@@ -284,6 +289,7 @@ impl CircuitBreaker {
     /// as described in the [module docs](self), failing fast while open.
     pub fn builder() -> CircuitBreakerBuilder {
         CircuitBreakerBuilder {
+            name: String::from("default"),
             config: BreakerConfig::builder(),
             failure_statuses: StatusSet::breaker_default(),
             failure_grpc_codes: GrpcCodeSet::breaker_default(),
@@ -291,6 +297,11 @@ impl CircuitBreaker {
             on_transition: None,
             seed: None,
         }
+    }
+
+    /// The dependency's name (the metrics' `dependency` label).
+    pub fn name(&self) -> &str {
+        &self.shared.name
     }
 
     /// The state of the circuit now, by tokio's clock. An open circuit whose break is
@@ -434,6 +445,8 @@ impl CircuitBreaker {
         };
         let s = &self.shared;
         s.transitions.fetch_add(1, Ordering::Relaxed);
+        #[cfg(feature = "metrics")]
+        s.metrics.transition(&s.name, t.from, t.to);
         match t.to {
             CircuitState::Open | CircuitState::Isolated => tracing::warn!(
                 target: "stormguard::breaker",
@@ -492,6 +505,7 @@ impl CircuitBreaker {
 /// ```
 #[must_use]
 pub struct CircuitBreakerBuilder {
+    name: String,
     config: BreakerConfigBuilder,
     failure_statuses: StatusSet,
     failure_grpc_codes: GrpcCodeSet,
@@ -503,6 +517,7 @@ pub struct CircuitBreakerBuilder {
 impl fmt::Debug for CircuitBreakerBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CircuitBreakerBuilder")
+            .field("name", &self.name)
             .field("config", &self.config)
             .field("failure_statuses", &self.failure_statuses)
             .field("failure_grpc_codes", &self.failure_grpc_codes)
@@ -514,6 +529,13 @@ impl fmt::Debug for CircuitBreakerBuilder {
 }
 
 impl CircuitBreakerBuilder {
+    /// The dependency's name: the `dependency` label of the `metrics` feature's series
+    /// \["default"\].
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
     /// The span of the sliding window over which failures are counted (default 2 s),
     /// from 10 ms to 365 days.
     pub fn window(mut self, window: Duration) -> Self {
@@ -636,6 +658,7 @@ impl CircuitBreakerBuilder {
         let (state_tx, _) = watch::channel(CircuitState::Closed);
         CircuitBreaker {
             shared: Arc::new(Shared {
+                name: self.name,
                 breaker,
                 failure_statuses: self.failure_statuses,
                 failure_grpc_codes: self.failure_grpc_codes,
@@ -647,6 +670,8 @@ impl CircuitBreakerBuilder {
                 failures: AtomicU64::new(0),
                 rejected: AtomicU64::new(0),
                 transitions: AtomicU64::new(0),
+                #[cfg(feature = "metrics")]
+                metrics: crate::metrics::BreakerMetrics::default(),
             }),
         }
     }

@@ -240,6 +240,8 @@ fn bump(counter: &AtomicU64) {
 
 #[derive(Debug)]
 struct Shared {
+    /// The dependency's name, the `service` label of the metrics.
+    name: String,
     max_attempts: u32,
     backoff: Backoff,
     budget: RetryBudget,
@@ -250,6 +252,8 @@ struct Shared {
     seed: Option<u64>,
     next_stream: AtomicU64,
     counters: Counters,
+    #[cfg(feature = "metrics")]
+    metrics: crate::metrics::RetryMetrics,
 }
 
 /// The retry decisions for HTTP and gRPC requests, as a [`tower::retry::Policy`].
@@ -304,6 +308,7 @@ struct Streams {
 impl fmt::Debug for RetryPolicy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RetryPolicy")
+            .field("name", &self.shared.name)
             .field("max_attempts", &self.shared.max_attempts)
             .field("backoff", &self.shared.backoff)
             .field("budget", &self.shared.budget)
@@ -343,6 +348,11 @@ impl RetryPolicy {
             deadline: load(&c.deadline),
             transparent_retries: load(&c.transparent_retries),
         }
+    }
+
+    /// The dependency's name (the metrics' `service` label).
+    pub fn name(&self) -> &str {
+        &self.shared.name
     }
 
     /// The budget retries are drawn from.
@@ -417,6 +427,10 @@ impl RetryPolicy {
                 .insert(GRPC_TRANSPARENT_RETRY_ATTEMPTS, HeaderValue::from(1u32));
         }
         bump(&self.shared.counters.transparent_retries);
+        #[cfg(feature = "metrics")]
+        self.shared
+            .metrics
+            .transparent(&self.shared.name, self.shared.max_attempts);
         tracing::debug!(
             target: "stormguard::retry",
             attempt = self.attempts + 1,
@@ -442,10 +456,37 @@ impl RetryPolicy {
         if let Some(why) = why {
             self.give_up(why, attempts);
         }
+        #[cfg(feature = "metrics")]
+        self.shared.metrics.call_ended(
+            &self.shared.name,
+            self.shared.max_attempts,
+            attempts.saturating_sub(1),
+        );
         None
     }
 
+    /// The budget as the metrics show it: whole retries left, retries per request.
+    #[cfg(feature = "metrics")]
+    fn budget_view(&self) -> (u64, f64) {
+        let now = tokio::time::Instant::now().into_std();
+        let budget = &self.shared.budget;
+        let (requests, retries) = budget.usage(now);
+        let ratio = if requests == 0 {
+            0.0
+        } else {
+            retries as f64 / requests as f64
+        };
+        (budget.available(now), ratio)
+    }
+
     fn give_up(&self, why: GiveUp, attempts: u32) {
+        #[cfg(feature = "metrics")]
+        self.shared.metrics.give_up(
+            &self.shared.name,
+            self.shared.max_attempts,
+            why,
+            self.budget_view(),
+        );
         let c = &self.shared.counters;
         match why {
             GiveUp::Exhausted => bump(&c.exhausted),
@@ -509,6 +550,7 @@ impl RetryPolicy {
 /// Builds a [`RetryPolicy`]; every setting has a default.
 #[derive(Debug, Clone)]
 pub struct RetryPolicyBuilder {
+    name: String,
     max_attempts: u32,
     backoff: Backoff,
     budget: Option<RetryBudget>,
@@ -522,6 +564,7 @@ pub struct RetryPolicyBuilder {
 impl Default for RetryPolicyBuilder {
     fn default() -> Self {
         RetryPolicyBuilder {
+            name: String::from("default"),
             max_attempts: 3,
             backoff: Backoff::default(),
             budget: None,
@@ -535,6 +578,13 @@ impl Default for RetryPolicyBuilder {
 }
 
 impl RetryPolicyBuilder {
+    /// The dependency's name: the `service` label of the `metrics` feature's series
+    /// \["default"\].
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
     /// Attempts per request, the first included, from 1 to 100 \[3\]. gRPC calls are
     /// further capped at 5 (gRFC A6).
     pub fn max_attempts(mut self, attempts: u32) -> Self {
@@ -624,6 +674,7 @@ impl RetryPolicyBuilder {
     fn make(self) -> RetryPolicy {
         RetryPolicy {
             shared: Arc::new(Shared {
+                name: self.name,
                 max_attempts: self.max_attempts,
                 max_retry_after: self.max_retry_after.unwrap_or(self.backoff.cap()),
                 backoff: self.backoff,
@@ -634,6 +685,8 @@ impl RetryPolicyBuilder {
                 seed: self.seed,
                 next_stream: AtomicU64::new(0),
                 counters: Counters::default(),
+                #[cfg(feature = "metrics")]
+                metrics: crate::metrics::RetryMetrics::default(),
             }),
             attempts: 0,
             transparent_used: false,
@@ -792,6 +845,13 @@ where
             headers.insert(X_ATTEMPT_COUNT, HeaderValue::from(attempts + 1));
         }
         bump(&self.shared.counters.retries);
+        #[cfg(feature = "metrics")]
+        {
+            let (shared, view) = (&self.shared, self.budget_view());
+            let metrics = &shared.metrics;
+            metrics.attempt(&shared.name, shared.max_attempts, attempts + 1);
+            metrics.retry(&shared.name, shared.max_attempts, delay, view);
+        }
         let status = result.as_ref().ok().map(|res| res.status().as_u16());
         tracing::info!(
             target: "stormguard::retry",
@@ -807,6 +867,10 @@ where
     fn clone_request(&mut self, req: &Request<B>) -> Option<Request<B>> {
         if self.attempts == 0 && !self.transparent_used {
             bump(&self.shared.counters.requests);
+            #[cfg(feature = "metrics")]
+            self.shared
+                .metrics
+                .attempt(&self.shared.name, self.shared.max_attempts, 1);
             let now = tokio::time::Instant::now().into_std();
             self.shared.budget.deposit(now);
             // Sent once whatever happens: no copy to keep.

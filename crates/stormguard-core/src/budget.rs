@@ -216,6 +216,16 @@ impl RetryBudget {
         u64::try_from(self.state.balance(epoch) / UNIT).unwrap_or(0)
     }
 
+    /// The original requests and the retries counted in the window ending at `now`: the
+    /// numbers behind the ratio, for monitoring (retries per original request).
+    pub fn usage(&self, now: Instant) -> (u64, u64) {
+        let epoch = self.state.advance(now);
+        (
+            self.state.deposits.sum(epoch),
+            self.state.withdrawals.sum(epoch),
+        )
+    }
+
     /// The fraction of original requests that may be retried.
     pub fn ratio(&self) -> f64 {
         self.state.ratio

@@ -1,0 +1,105 @@
+//! The metrics demo, shared by `examples/metrics` and `tests/metrics.rs`: a dependency on
+//! 127.0.0.1 that is down for its first 300 ms, a client stack named "payments", and a
+//! `/metrics` endpoint rendering the Prometheus recorder, scraped over HTTP.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use stormguard::{Backoff, CircuitBreaker, CircuitBreakerLayer, Jitter, RetryLayer, RetryPolicy};
+use tokio::net::TcpListener;
+use tower::{BoxError, ServiceBuilder, ServiceExt};
+
+/// How long the dependency answers 503, from its first request.
+pub(crate) const OUTAGE: Duration = Duration::from_millis(300);
+/// Requests the demo sends, one after another, 5 ms apart.
+pub(crate) const REQUESTS: u32 = 200;
+
+/// Serves every connection accepted on 127.0.0.1:0 with `answer`; returns the address.
+async fn serve<F>(answer: F) -> Result<SocketAddr, BoxError>
+where
+    F: Fn() -> Response<Full<Bytes>> + Clone + Send + Sync + 'static,
+{
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let answer = answer.clone();
+            let service = hyper::service::service_fn(move |_req: Request<Incoming>| {
+                let response = answer();
+                async move { Ok::<_, Infallible>(response) }
+            });
+            tokio::spawn(async move {
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    Ok(addr)
+}
+
+/// Installs the Prometheus recorder (once per process), drives `REQUESTS` requests
+/// through a "payments" stack against a dependency down for `OUTAGE` from its first
+/// request, and returns what a scrape of `/metrics` printed.
+pub(crate) async fn run() -> Result<String, BoxError> {
+    let handle: PrometheusHandle = PrometheusBuilder::new().install_recorder()?;
+
+    let first = Arc::new(std::sync::OnceLock::new());
+    let upstream = serve(move || {
+        let since = first.get_or_init(std::time::Instant::now).elapsed();
+        let status = if since < OUTAGE {
+            StatusCode::SERVICE_UNAVAILABLE
+        } else {
+            StatusCode::OK
+        };
+        let mut response = Response::new(Full::new(Bytes::new()));
+        *response.status_mut() = status;
+        response
+    })
+    .await?;
+
+    let policy = RetryPolicy::builder()
+        .name("payments")
+        .backoff(Backoff::new(
+            Duration::from_millis(1),
+            Duration::from_millis(5),
+            Jitter::Full,
+        )?)
+        .seed(1)
+        .build()?;
+    let breaker = CircuitBreaker::builder().name("payments").seed(1).build()?;
+    let client: Client<HttpConnector, Full<Bytes>> =
+        Client::builder(TokioExecutor::new()).build_http();
+    let stack = ServiceBuilder::new()
+        .layer(RetryLayer::new(policy))
+        .layer(CircuitBreakerLayer::new(breaker))
+        .timeout(Duration::from_secs(2))
+        .service(client);
+    for _ in 0..REQUESTS {
+        let req = Request::get(format!("http://{upstream}/charge")).body(Full::default())?;
+        // Failures are the point of the demo: what they do to the series.
+        if let Ok(res) = stack.clone().oneshot(req).await {
+            let _ = res.into_body().collect().await;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+
+    let exporter = serve(move || Response::new(Full::new(Bytes::from(handle.render())))).await?;
+    let scraper: Client<HttpConnector, Full<Bytes>> =
+        Client::builder(TokioExecutor::new()).build_http();
+    let res = scraper
+        .request(Request::get(format!("http://{exporter}/metrics")).body(Full::default())?)
+        .await?;
+    let body = res.into_body().collect().await?.to_bytes();
+    Ok(String::from_utf8_lossy(&body).into_owned())
+}

@@ -1,0 +1,19 @@
+//! The `metrics` feature on a real exporter: a "payments" dependency on 127.0.0.1 is
+//! down for its first 300 ms; 200 requests go through retry, breaker and
+//! per-attempt timeout; then the example scrapes its own `/metrics` endpoint (rendered
+//! by `metrics-exporter-prometheus`) over HTTP and prints the stormguard series.
+//!
+//! `cargo run --example metrics --features metrics`
+
+mod demo;
+
+#[tokio::main]
+async fn main() -> Result<(), tower::BoxError> {
+    let scrape = demo::run().await?;
+    for line in scrape.lines() {
+        if line.starts_with("retry_") || line.starts_with("circuit_breaker_") {
+            println!("{line}");
+        }
+    }
+    Ok(())
+}

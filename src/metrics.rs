@@ -1,0 +1,190 @@
+//! Feature `metrics`: the series operators alert on, through the [`metrics`] facade.
+//!
+//! Every [`RetryPolicy`](crate::RetryPolicy) and [`CircuitBreaker`](crate::CircuitBreaker)
+//! reports under its dependency name (`.name("payments")` on the builders, `"default"`
+//! otherwise) to whatever recorder the application installs
+//! (`metrics-exporter-prometheus`, say):
+//!
+//! | series | kind | labels | what |
+//! |---|---|---|---|
+//! | `retry_attempts_total` | counter | `service`, `attempt_number` | attempts sent: 1 for first tries, 2, 3... for retries; a rise above 1 is dependency trouble |
+//! | `retry_exhausted_total` | counter | `service` | requests that failed after every attempt allowed |
+//! | `retry_give_ups_total` | counter | `service`, `reason` | every give-up, by [`GiveUp`](crate::GiveUp) reason (`budget`, `circuit_open`, `deadline`...) |
+//! | `retry_transparent_total` | counter | `service` | transparent retries (refused streams, drained connections) |
+//! | `retry_budget_remaining` | gauge | `service` | whole retries the budget would grant, as of the last failure |
+//! | `retry_ratio` | gauge | `service` | retries per original request over the budget's window, as of the last failure |
+//! | `retry_delay_seconds` | histogram | `service` | the wait before each retry |
+//! | `retry_retries_per_call` | histogram | `service` | retries each call took (gRFC A45's per-call view) |
+//! | `circuit_breaker_state` | gauge | `dependency` | 0 closed, 1 half-open, 2 open, 3 isolated |
+//! | `circuit_breaker_transitions_total` | counter | `dependency`, `from`, `to` | every state change |
+//!
+//! Handles are registered with the recorder the first time a policy or breaker is used,
+//! so install the recorder before the first request. Without a recorder every update is
+//! a call into `metrics`' no-op recorder; without the feature nothing of this is compiled.
+//! The budget gauges are refreshed on the failure path only (each retry and give-up), so
+//! a healthy client's success path reads no window.
+
+use std::sync::OnceLock;
+
+use metrics::{Counter, Gauge, Histogram};
+use stormguard_core::CircuitState;
+
+use crate::retry::GiveUp;
+
+/// The reasons in label order; `GiveUp::index` maps into it.
+const REASONS: [GiveUp; 10] = [
+    GiveUp::Exhausted,
+    GiveUp::Permanent,
+    GiveUp::Budget,
+    GiveUp::NotIdempotent,
+    GiveUp::RetryAfterTooLong,
+    GiveUp::BodyNotReplayable,
+    GiveUp::Pushback,
+    GiveUp::CircuitOpen,
+    GiveUp::Deadline,
+    GiveUp::DontRetry,
+];
+
+/// A retry policy's handles, registered on first use.
+#[derive(Debug, Default)]
+pub(crate) struct RetryMetrics {
+    handles: OnceLock<RetryHandles>,
+}
+
+#[derive(Debug)]
+struct RetryHandles {
+    attempts: Vec<Counter>,
+    exhausted: Counter,
+    give_ups: Vec<Counter>,
+    transparent: Counter,
+    budget_remaining: Gauge,
+    ratio: Gauge,
+    delay: Histogram,
+    retries_per_call: Histogram,
+}
+
+impl RetryMetrics {
+    fn handles(&self, service: &str, max_attempts: u32) -> &RetryHandles {
+        self.handles.get_or_init(|| {
+            let service = service.to_owned();
+            RetryHandles {
+                attempts: (1..=max_attempts)
+                    .map(|n| {
+                        metrics::counter!("retry_attempts_total",
+                            "service" => service.clone(), "attempt_number" => n.to_string())
+                    })
+                    .collect(),
+                exhausted: metrics::counter!("retry_exhausted_total", "service" => service.clone()),
+                give_ups: REASONS
+                    .iter()
+                    .map(|why| {
+                        metrics::counter!("retry_give_ups_total",
+                            "service" => service.clone(), "reason" => why.as_str())
+                    })
+                    .collect(),
+                transparent: metrics::counter!("retry_transparent_total", "service" => service.clone()),
+                budget_remaining: metrics::gauge!("retry_budget_remaining", "service" => service.clone()),
+                ratio: metrics::gauge!("retry_ratio", "service" => service.clone()),
+                delay: metrics::histogram!("retry_delay_seconds", "service" => service.clone()),
+                retries_per_call: metrics::histogram!("retry_retries_per_call", "service" => service),
+            }
+        })
+    }
+
+    /// Attempt number `n` (1 for a first try) was sent.
+    pub(crate) fn attempt(&self, service: &str, max_attempts: u32, n: u32) {
+        let handles = self.handles(service, max_attempts);
+        let index = usize::try_from(n.saturating_sub(1)).unwrap_or(usize::MAX);
+        if let Some(counter) = handles.attempts.get(index) {
+            counter.increment(1);
+        }
+    }
+
+    /// A retry was scheduled after `delay`; `remaining` and `ratio` describe the budget.
+    pub(crate) fn retry(
+        &self,
+        service: &str,
+        max_attempts: u32,
+        delay: std::time::Duration,
+        budget: (u64, f64),
+    ) {
+        let handles = self.handles(service, max_attempts);
+        handles.delay.record(delay.as_secs_f64());
+        handles.budget_remaining.set(budget.0 as f64);
+        handles.ratio.set(budget.1);
+    }
+
+    /// A transparent retry was made.
+    pub(crate) fn transparent(&self, service: &str, max_attempts: u32) {
+        self.handles(service, max_attempts).transparent.increment(1);
+    }
+
+    /// The layer gave up for `why`.
+    pub(crate) fn give_up(
+        &self,
+        service: &str,
+        max_attempts: u32,
+        why: GiveUp,
+        budget: (u64, f64),
+    ) {
+        let handles = self.handles(service, max_attempts);
+        if let Some(i) = REASONS.iter().position(|r| *r == why) {
+            if let Some(counter) = handles.give_ups.get(i) {
+                counter.increment(1);
+            }
+        }
+        if why == GiveUp::Exhausted {
+            handles.exhausted.increment(1);
+        }
+        handles.budget_remaining.set(budget.0 as f64);
+        handles.ratio.set(budget.1);
+    }
+
+    /// A call ended after `retries` retries.
+    pub(crate) fn call_ended(&self, service: &str, max_attempts: u32, retries: u32) {
+        self.handles(service, max_attempts)
+            .retries_per_call
+            .record(f64::from(retries));
+    }
+}
+
+/// A breaker's handles: its state gauge, registered on first use.
+#[derive(Debug, Default)]
+pub(crate) struct BreakerMetrics {
+    state: OnceLock<Gauge>,
+}
+
+impl BreakerMetrics {
+    /// The breaker went `from` -> `to`.
+    pub(crate) fn transition(&self, dependency: &str, from: CircuitState, to: CircuitState) {
+        self.state
+            .get_or_init(
+                || metrics::gauge!("circuit_breaker_state", "dependency" => dependency.to_owned()),
+            )
+            .set(state_value(to));
+        // Transitions are rare: the counter is looked up each time.
+        metrics::counter!("circuit_breaker_transitions_total",
+            "dependency" => dependency.to_owned(),
+            "from" => state_label(from),
+            "to" => state_label(to))
+        .increment(1);
+    }
+}
+
+fn state_value(state: CircuitState) -> f64 {
+    match state {
+        CircuitState::Closed => 0.0,
+        CircuitState::HalfOpen => 1.0,
+        CircuitState::Open => 2.0,
+        CircuitState::Isolated => 3.0,
+    }
+}
+
+fn state_label(state: CircuitState) -> &'static str {
+    match state {
+        CircuitState::Closed => "closed",
+        CircuitState::HalfOpen => "half_open",
+        CircuitState::Open => "open",
+        CircuitState::Isolated => "isolated",
+    }
+}
