@@ -780,3 +780,28 @@ async fn a6_throttling_stops_retries_at_half_the_tokens() {
     answer_after(&mut upstream, 200 * MS, status(200)).await;
     assert_eq!(status_of(call).await, StatusCode::OK);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_transparent_retry_honours_the_deadline_and_rewrites_grpc_timeout() {
+    let policy = policy().build().expect("policy");
+    let mut req = grpc_call();
+    req.headers_mut()
+        .insert("grpc-timeout", "100m".parse().expect("header"));
+    // Refused within the deadline: resent at once with what remains.
+    let (call, mut upstream) = start(policy.clone(), req.clone());
+    settle().await;
+    advance(40 * MS).await;
+    fail_now(&mut upstream, REFUSED).await;
+    let again = answer_now(&mut upstream, grpc_status("0", None)).await;
+    assert_eq!(again.headers()["grpc-timeout"], "60000000n");
+    finished(call).await.expect("response");
+
+    // Refused after it: the caller has stopped waiting, nothing is resent.
+    let (call, mut upstream) = start(policy.clone(), req);
+    settle().await;
+    advance(150 * MS).await;
+    fail_now(&mut upstream, REFUSED).await;
+    finished(call).await.expect_err("past the deadline");
+    assert_nothing_sent(&mut upstream).await;
+    assert_eq!(policy.stats().deadline, 1);
+}

@@ -421,10 +421,21 @@ impl RetryPolicy {
             self.give_up(GiveUp::BodyNotReplayable, self.attempts + 1);
             return None;
         }
+        let now = tokio::time::Instant::now().into_std();
+        if self
+            .deadline
+            .is_some_and(|d| !d.allows(now, Duration::ZERO))
+        {
+            self.give_up(GiveUp::Deadline, self.attempts + 1);
+            return None;
+        }
         self.transparent_used = true;
         if grpc {
-            req.headers_mut()
-                .insert(GRPC_TRANSPARENT_RETRY_ATTEMPTS, HeaderValue::from(1u32));
+            let headers = req.headers_mut();
+            headers.insert(GRPC_TRANSPARENT_RETRY_ATTEMPTS, HeaderValue::from(1u32));
+            if let Some(deadline) = self.deadline {
+                headers.insert(GRPC_TIMEOUT, grpc_timeout_value(deadline.remaining(now)));
+            }
         }
         bump(&self.shared.counters.transparent_retries);
         #[cfg(feature = "metrics")]
@@ -800,11 +811,14 @@ where
         self.attempts += 1;
         let attempts = self.attempts;
         if let Some(throttle) = &self.shared.throttle {
-            // gRFC A6: every attempt's outcome moves the token count.
+            // gRFC A6: every answer of the server moves the token count (a transport
+            // error is not the server's answer, and does not).
             match class {
                 Class::Success => throttle.record_success(),
-                Class::Retryable { .. } | Class::DontRetry => throttle.record_failure(),
-                Class::Permanent => {}
+                Class::Retryable { .. } | Class::DontRetry if result.is_ok() => {
+                    throttle.record_failure()
+                }
+                _ => {}
             }
         }
         let decision = match class {

@@ -11,7 +11,7 @@
 //!   server, marks such a failed response so its callers do not retry it: HTTP gets
 //!   `x-no-retry: <reason>` ([`X_NO_RETRY`]), a gRPC error `grpc-retry-pushback-ms: -1`
 //!   (gRFC A6's "do not retry"). stormguard's retry layer honours both (reason
-//!   `dont_retry`), and Finagle's `finagle-http-nonretryable-nack` too. The handler
+//!   `dont_retry`, or `pushback` for gRPC), and Finagle's `finagle-http-nonretryable-nack` too. The handler
 //!   does nothing special: the retry layer of its outbound client reports its give-ups
 //!   to the inbound request's layer through a tokio task-local, so the outbound call must
 //!   be awaited in the handler's task (not a task it spawns).

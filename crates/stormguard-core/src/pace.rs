@@ -7,8 +7,8 @@
 //! budget: it refills at `ratio` times the recent rate of original requests (measured
 //! by the budget's own deposit buckets) and holds at most a tenth of a second of that,
 //! so retries never exceed that share of the request rate for long, whatever the
-//! balance. A blip's retries are not refused, only spread out, as their backoff spreads
-//! them anyway.
+//! balance. The token is taken when the retry is decided, before its backoff: a burst
+//! of failures beyond what the bucket holds has its excess refused, not delayed.
 //!
 //! The state is one `AtomicU64` (milliseconds since the budget's origin in the high 40
 //! bits, the balance in hundredths of a retry in the low 24), changed by a
