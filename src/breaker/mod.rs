@@ -6,8 +6,8 @@
 //! A circuit breaker counts the outcomes of recent calls and, once too many fail, *opens*:
 //! for a break (25 ms by default, with a little jitter; doubling after each failed
 //! recovery when a longer `max_break_duration` is set), calls fail at once with
-//! [`CircuitOpen`] without reaching the dependency. By default it opens after 50 failures
-//! in a row, or when 80% of the calls of the last 2 s failed: a dependency that is down,
+//! [`CircuitOpen`] without reaching the dependency. By default it opens after 100 failures
+//! in a row, or when 95% of the calls of the last 2 s failed: a dependency that is down,
 //! not one that fails some requests (shedding those would lose the ones that succeed).
 //! [`stormguard_core::breaker`] says why these defaults, with the measurements. When the break is over the circuit is *half-open*: exactly `probes` calls
 //! (1 by default) go through, across every clone of the service; if they succeed the
@@ -284,8 +284,8 @@ impl fmt::Debug for CircuitBreaker {
 }
 
 impl CircuitBreaker {
-    /// A builder with the defaults: open after 50 failures in a row, or when at least
-    /// 20 calls over a 2 s window saw 80% fail; 25 ms breaks with 20% jitter, one probe; failures
+    /// A builder with the defaults: open after 100 failures in a row, or when at least
+    /// 20 calls over a 2 s window saw 95% fail; 25 ms breaks with 20% jitter, one probe; failures
     /// as described in the [module docs](self), failing fast while open.
     pub fn builder() -> CircuitBreakerBuilder {
         CircuitBreakerBuilder {
@@ -550,14 +550,14 @@ impl CircuitBreakerBuilder {
         self
     }
 
-    /// The share of failures over the window that opens the circuit (default 0.8),
+    /// The share of failures over the window that opens the circuit (default 0.95),
     /// greater than 0 and at most 1.
     pub fn failure_ratio(mut self, ratio: f64) -> Self {
         self.config = self.config.failure_ratio(ratio);
         self
     }
 
-    /// Also open after this many failures in a row (default 50); a `u32` or an
+    /// Also open after this many failures in a row (default 100); a `u32` or an
     /// `Option<u32>` (`None` turns it off), at least 1.
     pub fn consecutive_failures(mut self, failures: impl Into<Option<u32>>) -> Self {
         self.config = self.config.consecutive_failures(failures);

@@ -20,7 +20,7 @@
 //! - **Closed**: calls flow. Outcomes are counted over a sliding window (default 2 s)
 //!   kept as ten time buckets. The circuit opens when, over the window, at least
 //!   `min_throughput` (default 20) calls finished and at least `failure_ratio` (default
-//!   0.8) of them failed, or after `consecutive_failures` failures in a row (default 50;
+//!   0.95) of them failed, or after `consecutive_failures` failures in a row (default 100;
 //!   `None` turns that rule off). The window is evaluated when a failure is recorded (a success
 //!   cannot be the call that makes the ratio worse), so the success path only adds to a
 //!   counter.
@@ -38,13 +38,15 @@
 //! ratio, and a 5 s break outlasts the outage it was meant to ride out (a 5 s outage
 //! became an 8 s one). The trade-offs, measured:
 //!
-//! - *Trip on a streak, not only a ratio.* Fifty failures in a row take a tenth of a
-//!   second at 500 calls/s when the dependency is down, and practically never happen
-//!   while 60% of calls fail at random (0.6^50 ≈ 10^-11): a total outage trips at once, a
-//!   partial one does not, and partial outages are where a breaker on every call sheds
-//!   first tries that would have succeeded (worse than not retrying at all).
-//! - *A ratio of 0.8 over 2 s* is the backstop for clients too slow to make a streak
-//!   quickly; 0.8 stays clear of a 60% partial outage's noise.
+//! - *Trip on a streak, not only a ratio.* A hundred failures in a row take a fifth of
+//!   a second at 500 calls/s when the dependency is down, and practically never happen
+//!   while 90% of calls fail at random (0.9^100 ≈ 3·10^-5 per call): a total outage
+//!   (or a brownout whose calls all time out) trips at once, a partial one does not, and
+//!   partial outages are where a breaker on every call sheds first tries that would have
+//!   succeeded (worse than not retrying at all: with a streak of 50 and a ratio of 0.8, a
+//!   90% partial outage gave 6.2% success against 10.5% without retries).
+//! - *A ratio of 0.95 over 2 s* is the backstop for clients too slow to make a streak
+//!   quickly; 0.95 stays clear of a 90% partial outage's noise.
 //! - *Short, constant breaks.* A break is the longest the client can be blind to the
 //!   dependency's return: with 25 ms, a probe every 25-30 ms finds it back within that,
 //!   and a probe is one fast-failing call, cheap next to the traffic it spares. Longer
@@ -293,8 +295,8 @@ impl Default for BreakerConfig {
         BreakerConfig {
             window: Duration::from_secs(2),
             min_throughput: 20,
-            failure_ratio: 0.8,
-            consecutive_failures: Some(50),
+            failure_ratio: 0.95,
+            consecutive_failures: Some(100),
             break_duration: Duration::from_millis(25),
             max_break_duration: Duration::from_millis(25),
             probes: 1,
@@ -378,7 +380,7 @@ impl BreakerConfigBuilder {
         self
     }
 
-    /// The share of failures over the window that opens the circuit (default 0.8),
+    /// The share of failures over the window that opens the circuit (default 0.95),
     /// greater than 0 and at most 1.
     pub fn failure_ratio(mut self, ratio: f64) -> Self {
         self.config.failure_ratio = ratio;
@@ -386,7 +388,7 @@ impl BreakerConfigBuilder {
     }
 
     /// Also open the circuit after this many failures in a row, whatever the window holds
-    /// (default 50). Takes a `u32` or an `Option<u32>`; `None` turns the rule off, 0 is
+    /// (default 100). Takes a `u32` or an `Option<u32>`; `None` turns the rule off, 0 is
     /// rejected.
     pub fn consecutive_failures(mut self, failures: impl Into<Option<u32>>) -> Self {
         self.config.consecutive_failures = failures.into();
@@ -1165,8 +1167,8 @@ mod tests {
         assert_eq!(c, BreakerConfig::builder().build().expect("defaults"));
         assert_eq!(c.window(), Duration::from_secs(2));
         assert_eq!(c.min_throughput(), 20);
-        assert_eq!(c.failure_ratio(), 0.8);
-        assert_eq!(c.consecutive_failures(), Some(50));
+        assert_eq!(c.failure_ratio(), 0.95);
+        assert_eq!(c.consecutive_failures(), Some(100));
         assert_eq!(c.break_duration(), Duration::from_millis(25));
         assert_eq!(c.max_break_duration(), Duration::from_millis(25));
         assert_eq!(c.probes(), 1);

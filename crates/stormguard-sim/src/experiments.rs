@@ -336,7 +336,12 @@ pub fn candidates(attempts: u32) -> Result<Vec<(String, Strategy)>, String> {
         Some(budget(0, None)),
         Some(BreakerMode::Off),
     );
-    add("defaults: 2s/0.8/50 in a row/25ms", None, None);
+    add("defaults: 2s/0.95/100 in a row/25ms", None, None);
+    add(
+        "2s/0.8/50 in a row/25ms",
+        None,
+        Some(BreakerMode::AllCalls(breaker(2, 0.8, Some(50), 25, 25, 1)?)),
+    );
     add(
         "old breaker: 30s/0.5/5s..60s",
         None,
