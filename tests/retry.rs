@@ -328,12 +328,7 @@ async fn an_open_circuit_is_never_retried() {
 
 #[tokio::test(start_paused = true)]
 async fn an_exhausted_budget_means_one_attempt_per_request() {
-    let budget = RetryBudget::builder()
-        .ratio(0.0)
-        .min_per_sec(0)
-        .build()
-        .expect("budget");
-    let policy = policy().budget(budget).build().expect("policy");
+    let policy = policy().budget(empty_budget()).build().expect("policy");
     for _ in 0..5 {
         let (call, mut upstream) = start(policy.clone(), get());
         answer_now(&mut upstream, status(503)).await;
