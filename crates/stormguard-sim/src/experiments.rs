@@ -163,10 +163,7 @@ pub fn fleet_table(rows: &[FleetRow]) -> String {
         "wall s"
     );
     for r in rows {
-        let rec = r
-            .recovery
-            .map(|x| format!("{x:.0} s"))
-            .unwrap_or_else(|| "never".into());
+        let rec = seconds_or(r.recovery, "never");
         let _ = writeln!(
             s,
             "{:<20}{:>10}{:>11}{:>11.2}{:>10.2}{:>10.1}%{:>9.1}%{:>10}{:>13}{:>8.2}",
@@ -257,8 +254,7 @@ pub fn metastable_table(cfg: &FleetConfig, reports: &[FleetReport]) -> String {
             r.success(last, cfg.seconds) * 100.0,
             r.amplification(last, cfg.seconds),
             if rec.is_some() { "yes" } else { "no" },
-            rec.map(|x| format!("{x:.0} s"))
-                .unwrap_or_else(|| "-".into()),
+            seconds_or(rec, "-"),
         );
     }
     s
@@ -285,6 +281,11 @@ fn ratio(a: u64, b: u64) -> f64 {
     } else {
         a as f64 / b as f64
     }
+}
+
+/// A time in whole seconds for a table, or `missing` when there is none.
+fn seconds_or(secs: Option<f64>, missing: &str) -> String {
+    secs.map_or_else(|| missing.to_owned(), |x| format!("{x:.0} s"))
 }
 
 /// Candidate breaker and budget settings for stormguard's defaults: (label, strategy).
@@ -395,10 +396,7 @@ pub fn candidates_table(cfg: &FleetConfig, rows: &[FleetRow]) -> String {
         "candidate", "amp window", "amp peak", "ok window", "ok after", "recovery", "rejected"
     );
     for r in rows {
-        let rec = r
-            .recovery
-            .map(|x| format!("{x:.0} s"))
-            .unwrap_or_else(|| "never".into());
+        let rec = seconds_or(r.recovery, "never");
         let _ = writeln!(
             s,
             "{:<36}{:>11.2}{:>10.2}{:>10.1}%{:>9.1}%{:>10}{:>10}",
