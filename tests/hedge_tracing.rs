@@ -1,7 +1,6 @@
 //! The tracing events of HedgeLayer, on target `stormguard::hedge`. A file of its own,
 //! with a single test, because tracing caches each call site's interest process-wide.
 
-use std::io;
 use std::time::Duration;
 
 use http::{Request, Response};
@@ -10,22 +9,12 @@ use tokio::time::advance;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_test::mock;
 
+#[path = "support/captured.rs"]
+mod captured;
+
+use captured::Captured;
+
 const MS: Duration = Duration::from_millis(1);
-
-/// Collects what the fmt subscriber writes.
-#[derive(Clone, Default)]
-struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.0.lock().expect("lock").extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
 
 fn policy(ratio: f64) -> HedgePolicy {
     let budget = RetryBudget::builder()
@@ -42,14 +31,7 @@ fn policy(ratio: f64) -> HedgePolicy {
 
 #[tokio::test(start_paused = true)]
 async fn hedges_sent_won_and_refused_are_traced() {
-    let captured = Captured::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_max_level(tracing::Level::DEBUG)
-        .with_ansi(false)
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (captured, _guard) = Captured::install();
 
     for (ratio, hedged) in [(1.0, true), (0.0, false)] {
         let (service, mut upstream) = mock::pair::<Request<String>, Response<String>>();
@@ -72,7 +54,7 @@ async fn hedges_sent_won_and_refused_are_traced() {
         assert_eq!(res.into_body(), if hedged { "hedge" } else { "original" });
     }
 
-    let text = String::from_utf8(captured.0.lock().expect("lock").clone()).expect("utf-8");
+    let text = captured.text();
     let lines: Vec<&str> = text
         .lines()
         .filter(|l| l.contains("stormguard::hedge"))

@@ -2,7 +2,6 @@
 //! with a single test, because tracing caches each call site's interest process-wide:
 //! tests running in parallel threads without a subscriber would disturb the capture.
 
-use std::io;
 use std::time::Duration;
 
 use http::{Request, Response};
@@ -11,32 +10,16 @@ use tokio::time::advance;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_test::mock;
 
+#[path = "support/captured.rs"]
+mod captured;
+
+use captured::Captured;
+
 const MS: Duration = Duration::from_millis(1);
-
-/// Collects what the fmt subscriber writes.
-#[derive(Clone, Default)]
-struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.0.lock().expect("lock").extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
 
 #[tokio::test(start_paused = true)]
 async fn every_retry_and_the_give_up_are_traced() {
-    let captured = Captured::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_max_level(tracing::Level::DEBUG)
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (captured, _guard) = Captured::install();
 
     let policy = RetryPolicy::builder()
         .backoff(Backoff::new(200 * MS, 20_000 * MS, Jitter::None).expect("backoff"))
@@ -65,7 +48,7 @@ async fn every_retry_and_the_give_up_are_traced() {
     }
     call.await.expect("task").expect("response");
 
-    let log = String::from_utf8(captured.0.lock().expect("lock").clone()).expect("utf-8");
+    let log = captured.text();
     let lines: Vec<&str> = log.lines().collect();
     assert_eq!(lines.len(), 3, "{log}");
     for (line, (attempt, delay)) in lines.iter().zip([(2, 200), (3, 400)]) {
