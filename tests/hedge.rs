@@ -15,6 +15,11 @@ use stormguard::{
 use tokio::time::{advance, Instant};
 use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
 
+#[path = "support/budget.rs"]
+mod budget;
+
+use budget::roomy;
+
 const MS: Duration = Duration::from_millis(1);
 
 /// One scripted reply: after `ms`, this status with these headers. The body is the
@@ -117,15 +122,6 @@ fn get() -> Request<String> {
     Request::get("http://upstream/")
         .body(String::new())
         .expect("request")
-}
-
-/// A budget that grants every hedge these tests make (ten a window, unpaced).
-fn roomy() -> RetryBudget {
-    RetryBudget::builder()
-        .min_per_sec(10)
-        .pace(None)
-        .build()
-        .expect("valid budget")
 }
 
 fn fixed(delay_ms: u64) -> HedgePolicy {

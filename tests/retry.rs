@@ -13,6 +13,11 @@ use tokio::time::{advance, Instant};
 use tower::{BoxError, ServiceBuilder, ServiceExt};
 use tower_test::mock::{self, Handle};
 
+#[path = "support/budget.rs"]
+mod budget;
+
+use budget::roomy;
+
 type Mock = Handle<Request<String>, Response<String>>;
 type Outcome = Result<Response<String>, BoxError>;
 
@@ -21,16 +26,6 @@ const MS: Duration = Duration::from_millis(1);
 /// 200 ms, 400 ms, 800 ms ... exactly, so tests can check the waits to the millisecond.
 fn fixed_backoff() -> Backoff {
     Backoff::new(200 * MS, 20_000 * MS, Jitter::None).expect("valid backoff")
-}
-
-/// A budget that grants every retry these tests make (ten a second, unpaced): the
-/// budget's own limits are tested apart.
-fn roomy() -> RetryBudget {
-    RetryBudget::builder()
-        .min_per_sec(10)
-        .pace(None)
-        .build()
-        .expect("budget")
 }
 
 fn policy() -> stormguard::RetryPolicyBuilder {

@@ -22,6 +22,8 @@ use stormguard::{Attempts, Backoff, Jitter, ReplayBody, RetryLayer};
 use tokio::net::TcpListener;
 use tower::{BoxError, ServiceBuilder, ServiceExt};
 
+#[path = "support/budget.rs"]
+mod budget;
 #[path = "support/policy.rs"]
 mod policy;
 #[path = "support/server.rs"]

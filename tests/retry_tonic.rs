@@ -15,6 +15,8 @@ use tonic::{Request, Response, Status, Streaming};
 use tonic_prost::ProstCodec;
 use tower::{service_fn, Service, ServiceBuilder};
 
+#[path = "support/budget.rs"]
+mod budget;
 #[path = "support/policy.rs"]
 mod policy;
 #[path = "support/server.rs"]

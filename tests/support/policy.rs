@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use stormguard::{Backoff, Jitter, RetryBudget, RetryPolicy, RetryPolicyBuilder};
+use stormguard::{Backoff, Jitter, RetryPolicy, RetryPolicyBuilder};
 
 /// Waits of 5 to 50 ms, drawn from streams derived from `seed`, and a budget that
 /// grants every retry these tests make (ten a second, unpaced): what is tested here is
@@ -14,13 +14,8 @@ pub(crate) fn fast_policy(seed: u64) -> RetryPolicyBuilder {
         Jitter::Full,
     )
     .expect("valid backoff");
-    let budget = RetryBudget::builder()
-        .min_per_sec(10)
-        .pace(None)
-        .build()
-        .expect("valid budget");
     RetryPolicy::builder()
         .backoff(backoff)
-        .budget(budget)
+        .budget(super::budget::roomy())
         .seed(seed)
 }
