@@ -56,7 +56,7 @@ async fn the_series_reach_a_real_exporter() {
     assert!(value(&scrape, "retry_budget_remaining", &[service]).is_some());
     assert!(value(&scrape, "retry_ratio", &[service]).is_some());
     assert!(value(&scrape, "retry_retries_per_call_count", &[service]) >= Some(1.0));
-    // Sixty failures in a row open the breaker.
+    // Forty failed calls open the breaker (20 in its window, every one failing).
     let dependency = ("dependency", "payments");
     assert!(
         value(

@@ -1,9 +1,10 @@
 //! The metrics demo, shared by `examples/metrics` and `tests/metrics.rs`: a dependency on
-//! 127.0.0.1 that is down for its first 300 ms, a client stack named "payments", and a
+//! 127.0.0.1 that fails its first 40 requests, a client stack named "payments", and a
 //! `/metrics` endpoint rendering the Prometheus recorder, scraped over HTTP.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,8 +20,9 @@ use stormguard::{Backoff, CircuitBreaker, CircuitBreakerLayer, Jitter, RetryLaye
 use tokio::net::TcpListener;
 use tower::{BoxError, ServiceBuilder, ServiceExt};
 
-/// How long the dependency answers 503, from its first request.
-pub(crate) const OUTAGE: Duration = Duration::from_millis(300);
+/// Requests the dependency answers 503 before it recovers: more than the breaker needs
+/// to open (20 calls in its window, all failing), whatever the machine's speed.
+pub(crate) const OUTAGE_REQUESTS: u32 = 40;
 /// Requests the demo sends, one after another, 5 ms apart.
 pub(crate) const REQUESTS: u32 = 200;
 
@@ -49,15 +51,14 @@ where
 }
 
 /// Installs the Prometheus recorder (once per process), drives `REQUESTS` requests
-/// through a "payments" stack against a dependency down for `OUTAGE` from its first
-/// request, and returns what a scrape of `/metrics` printed.
+/// through a "payments" stack against a dependency that fails its first
+/// `OUTAGE_REQUESTS` requests, and returns what a scrape of `/metrics` printed.
 pub(crate) async fn run() -> Result<String, BoxError> {
     let handle: PrometheusHandle = PrometheusBuilder::new().install_recorder()?;
 
-    let first = Arc::new(std::sync::OnceLock::new());
+    let seen = Arc::new(AtomicU32::new(0));
     let upstream = serve(move || {
-        let since = first.get_or_init(std::time::Instant::now).elapsed();
-        let status = if since < OUTAGE {
+        let status = if seen.fetch_add(1, Ordering::Relaxed) < OUTAGE_REQUESTS {
             StatusCode::SERVICE_UNAVAILABLE
         } else {
             StatusCode::OK

@@ -1,5 +1,5 @@
 //! The `metrics` feature on a real exporter: a "payments" dependency on 127.0.0.1 is
-//! down for its first 300 ms; 200 requests go through retry, breaker and
+//! failing its first 40 requests; 200 requests go through retry, breaker and
 //! per-attempt timeout; then the example scrapes its own `/metrics` endpoint (rendered
 //! by `metrics-exporter-prometheus`) over HTTP and prints the stormguard series.
 //!
