@@ -612,15 +612,18 @@ async fn a_grpc_transparent_retry_says_so_in_its_headers() {
     finished(call).await.expect("response");
 }
 
-#[tokio::test(start_paused = true)]
-async fn grpc_backoff_starts_over_after_a_pushback() {
-    let policy = RetryPolicy::builder()
-        .budget(roomy())
+/// gRPC's most attempts, waits of exactly 100 ms, 200 ms, 400 ms...
+fn five_attempts_from_100ms() -> RetryPolicy {
+    policy()
         .max_attempts(5)
         .backoff(Backoff::new(100 * MS, 20_000 * MS, Jitter::None).expect("backoff"))
-        .seed(7)
         .build()
-        .expect("policy");
+        .expect("policy")
+}
+
+#[tokio::test(start_paused = true)]
+async fn grpc_backoff_starts_over_after_a_pushback() {
+    let policy = five_attempts_from_100ms();
     let (call, mut upstream) = start(policy, grpc_call());
     answer_now(&mut upstream, grpc_status("14", None)).await;
     answer_after(&mut upstream, 100 * MS, grpc_status("14", Some("300"))).await;
@@ -695,13 +698,7 @@ async fn a_backoff_that_fits_the_deadline_is_taken() {
 
 #[tokio::test(start_paused = true)]
 async fn grpc_timeout_is_the_deadline_and_is_rewritten_on_each_retry() {
-    let policy = RetryPolicy::builder()
-        .budget(roomy())
-        .max_attempts(5)
-        .backoff(Backoff::new(100 * MS, 20_000 * MS, Jitter::None).expect("backoff"))
-        .seed(7)
-        .build()
-        .expect("policy");
+    let policy = five_attempts_from_100ms();
     let mut req = grpc_call();
     req.headers_mut()
         .insert("grpc-timeout", "1S".parse().expect("header"));
