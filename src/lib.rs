@@ -2,6 +2,8 @@
 
 pub mod body;
 pub mod breaker;
+#[cfg(feature = "serde")]
+pub mod config;
 mod error_class;
 pub mod hedge;
 #[cfg(feature = "metrics")]
@@ -12,14 +14,17 @@ mod tower_budget;
 
 pub use body::{NotReplayable, ReplayBody};
 pub use breaker::{BreakerStats, CircuitBreaker, CircuitBreakerLayer, CircuitOpen};
+#[cfg(feature = "serde")]
+pub use config::{Config, Dependency};
 pub use error_class::Unprocessed;
 pub use hedge::{Hedge, HedgeLayer, HedgePolicy, HedgePolicyBuilder, HedgeStats};
 pub use retry::{
     Attempts, GiveUp, Idempotent, NoRetry, RetryLayer, RetryPolicy, RetryPolicyBuilder, RetryStats,
 };
 pub use stormguard_core::{
-    backoff, budget, classify, deadline, deadline::Deadline, redelivery, retry_after, throttle,
-    Backoff, CircuitState, Class, ConfigError, Jitter, RetryBudget, RetryBudgetBuilder, Transition,
+    backoff, budget, classify, deadline, deadline::Deadline, methods, redelivery, retry_after,
+    throttle, Backoff, CircuitState, Class, ConfigError, Jitter, RetryBudget, RetryBudgetBuilder,
+    Transition,
 };
 pub use tower_budget::TowerBudget;
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use http::{HeaderValue, Request, Response};
 use pin_project_lite::pin_project;
-use stormguard_core::classify::GRPC_PREVIOUS_RPC_ATTEMPTS;
+use stormguard_core::classify::{GrpcCodeSet, GRPC_PREVIOUS_RPC_ATTEMPTS};
 use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
@@ -60,6 +60,10 @@ pin_project! {
 
 /// What [`Hedge::call`](super::Hedge) hands over to make a hedged response future.
 pub(crate) struct Hedged<S: Service<Request<B>>, B> {
+    /// Copies for this request, the original included.
+    pub(crate) max_attempts: u32,
+    /// Its gRPC method's non-fatal codes, when it has its own.
+    pub(crate) codes: Option<GrpcCodeSet>,
     pub(crate) policy: HedgePolicy,
     pub(crate) grpc: bool,
     pub(crate) delay: Duration,
@@ -87,6 +91,8 @@ struct Next<S, B> {
 }
 
 struct Hedging<S: Service<Request<B>>, B> {
+    max_attempts: u32,
+    codes: Option<GrpcCodeSet>,
     policy: HedgePolicy,
     grpc: bool,
     delay: Duration,
@@ -126,7 +132,7 @@ where
     }
 
     pub(crate) fn hedged(h: Hedged<S, B>) -> Self {
-        let max = h.policy.max_attempts();
+        let max = h.max_attempts;
         let next = (max > 1).then(|| Next {
             service: h.service,
             copy: h.copy,
@@ -142,6 +148,8 @@ where
         ResponseFuture {
             kind: Kind::Hedged {
                 state: Box::new(Hedging {
+                    max_attempts: max,
+                    codes: h.codes,
                     policy: h.policy,
                     grpc: h.grpc,
                     delay: h.delay,
@@ -174,7 +182,7 @@ where
                 grpc,
             } => {
                 let result = std::task::ready!(future.poll(cx));
-                if policy.judge(*grpc, &result) == (Verdict::Final { success: true }) {
+                if policy.judge(*grpc, None, &result) == (Verdict::Final { success: true }) {
                     let now = Instant::now();
                     policy.record(now.saturating_duration_since(*started), now);
                 }
@@ -202,7 +210,7 @@ where
                 };
                 // The last attempt moves into slot `i`, to be polled next.
                 let attempt = self.attempts.swap_remove(i);
-                match self.policy.judge(self.grpc, &result) {
+                match self.policy.judge(self.grpc, self.codes, &result) {
                     Verdict::Final { success } => {
                         let now = Instant::now();
                         if success {
@@ -290,7 +298,7 @@ where
             delay_ms = u64::try_from(self.delay.as_millis()).unwrap_or(u64::MAX),
             "hedge sent"
         );
-        if self.sent >= self.policy.max_attempts() {
+        if self.sent >= self.max_attempts {
             self.next = None;
         } else {
             next.due = false;

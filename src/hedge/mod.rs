@@ -142,6 +142,7 @@ use std::time::{Duration, SystemTime};
 use http::{Request, Response};
 use stormguard_core::classify::{is_idempotent, GrpcCodeSet, Rules, StatusSet};
 use stormguard_core::hedge::{LatencyEstimator, LatencyEstimatorBuilder};
+use stormguard_core::methods::{GrpcHedgePolicy, MethodPolicy, MethodTable};
 use stormguard_core::{Class, ConfigError, RetryBudget};
 use tower_service::Service;
 
@@ -203,6 +204,8 @@ struct Shared {
     /// above does).
     deposits: bool,
     rules: Rules,
+    /// Per-method hedging policies of a gRPC service config (`None`: not hedged).
+    methods: Option<MethodTable<Option<GrpcHedgePolicy>>>,
     counters: Counters,
 }
 
@@ -323,12 +326,17 @@ impl HedgePolicy {
         &self.shared.counters
     }
 
+    /// What `result` means; `codes` replaces the non-fatal gRPC codes (a method's own).
     pub(crate) fn judge<ResB, E: 'static>(
         &self,
         grpc: bool,
+        codes: Option<GrpcCodeSet>,
         result: &Result<Response<ResB>, E>,
     ) -> Verdict {
-        let rules = &self.shared.rules;
+        let rules = &Rules {
+            retryable_grpc_codes: codes.unwrap_or(self.shared.rules.retryable_grpc_codes),
+            ..self.shared.rules
+        };
         let class = match result {
             Ok(res) if grpc => rules.classify_grpc_response(res.status(), res.headers()),
             Ok(res) => rules.classify_with(res.status(), res.headers(), SystemTime::now),
@@ -392,6 +400,7 @@ pub struct HedgePolicyBuilder {
     budget: Option<RetryBudget>,
     deposits: bool,
     rules: Rules,
+    methods: Option<MethodTable<Option<GrpcHedgePolicy>>>,
 }
 
 impl Default for HedgePolicyBuilder {
@@ -403,6 +412,7 @@ impl Default for HedgePolicyBuilder {
             budget: None,
             deposits: true,
             rules: Rules::default(),
+            methods: None,
         }
     }
 }
@@ -418,6 +428,13 @@ impl HedgePolicyBuilder {
     /// percentile [the percentile].
     pub fn delay(mut self, delay: Duration) -> Self {
         self.fixed = Some(delay);
+        self
+    }
+
+    /// Every setting of the delay estimate at once (configuration files).
+    #[cfg(feature = "serde")]
+    pub(crate) fn estimator(mut self, estimator: LatencyEstimatorBuilder) -> Self {
+        self.estimator = estimator;
         self
     }
 
@@ -481,6 +498,23 @@ impl HedgePolicyBuilder {
         self
     }
 
+    /// Per-method hedging policies for gRPC calls, as a service config's `methodConfig`
+    /// gives them \[none\].
+    ///
+    /// A gRPC call whose method's entry ([`MethodTable::lookup`] by `:path`) is a
+    /// [`MethodPolicy::Hedge`] is hedged by it: its copies, its fixed delay (0 sends every
+    /// copy at once) and its non-fatal codes, whatever its method (gRFC A6 leaves the
+    /// judgement that a method is safe to send twice to the service config); a call
+    /// with any other entry, or none, is sent once. The budget and the stop rules stay
+    /// the policy's. Requests that are not gRPC keep the policy's own settings.
+    pub fn grpc_methods(mut self, methods: &MethodTable<MethodPolicy>) -> Self {
+        self.methods = Some(methods.map(|entry| match entry {
+            MethodPolicy::Hedge(hedge) => Some(*hedge),
+            _ => None,
+        }));
+        self
+    }
+
     /// Checks the settings and makes the policy.
     pub fn build(self) -> Result<HedgePolicy, ConfigError> {
         if !(1..=MAX_ATTEMPTS).contains(&self.max_attempts) {
@@ -510,6 +544,7 @@ impl HedgePolicyBuilder {
                 budget: self.budget.unwrap_or_default(),
                 deposits: self.deposits,
                 rules: self.rules,
+                methods: self.methods,
                 counters: Counters::default(),
             }),
         }
@@ -576,7 +611,16 @@ where
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        if !self.policy.may_hedge(&req) {
+        // A gRPC call of a policy with per-method settings is hedged by its method's
+        // (gRFC A6: the service config declares the method safe to send twice).
+        let method = match &self.policy.shared.methods {
+            Some(methods) if is_grpc(&req) => match methods.lookup(req.uri().path()) {
+                Some(Some(hedge)) if req.extensions().get::<NoRetry>().is_none() => Some(*hedge),
+                _ => return ResponseFuture::once(self.inner.call(req)),
+            },
+            _ => None,
+        };
+        if method.is_none() && !self.policy.may_hedge(&req) {
             return ResponseFuture::once(self.inner.call(req));
         }
         let now = tokio::time::Instant::now();
@@ -585,7 +629,11 @@ where
         }
         add(&self.policy.counters().requests, 1);
         let grpc = is_grpc(&req);
-        match self.policy.delay(now) {
+        let delay = match method {
+            Some(hedge) => Some(hedge.delay),
+            None => self.policy.delay(now),
+        };
+        match delay {
             None => ResponseFuture::timed(self.inner.call(req), now, self.policy.clone(), grpc),
             Some(delay) => {
                 // The clone is polled ready by the response future before each hedge.
@@ -594,6 +642,9 @@ where
                 let replay = req.extensions().get::<ReplayHandle>().cloned();
                 let first = self.inner.call(req);
                 ResponseFuture::hedged(future::Hedged {
+                    max_attempts: method
+                        .map_or(self.policy.shared.max_attempts, |h| h.max_attempts),
+                    codes: method.map(|h| h.non_fatal_codes),
                     policy: self.policy.clone(),
                     grpc,
                     delay,
@@ -645,7 +696,7 @@ mod tests {
             }
             Ok::<_, BoxError>(res)
         };
-        let http = |r| policy.judge(false, &r);
+        let http = |r| policy.judge(false, None, &r);
         assert_eq!(http(res(200, &[])), Verdict::Final { success: true });
         assert_eq!(http(res(404, &[])), Verdict::Final { success: false });
         assert_eq!(http(res(503, &[])), Verdict::NonFatal { stop: None });
@@ -655,7 +706,7 @@ mod tests {
                 stop: Some(Stop::Pushback)
             }
         );
-        let grpc = |r| policy.judge(true, &r);
+        let grpc = |r| policy.judge(true, None, &r);
         assert_eq!(
             grpc(res(200, &[("grpc-status", "14")])),
             Verdict::NonFatal { stop: None }
@@ -673,7 +724,7 @@ mod tests {
             grpc(res(200, &[("grpc-status", "3")])),
             Verdict::Final { success: false }
         );
-        let err = |e: BoxError| policy.judge::<(), _>(false, &Err(e));
+        let err = |e: BoxError| policy.judge::<(), _>(false, None, &Err(e));
         assert_eq!(
             err(Box::new(crate::CircuitOpen::new(Duration::from_secs(1)))),
             Verdict::NonFatal {

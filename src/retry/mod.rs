@@ -85,9 +85,10 @@ use http::{HeaderValue, Request, Response};
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 use stormguard_core::classify::{
-    is_idempotent, Rules, StatusSet, GRPC_PREVIOUS_RPC_ATTEMPTS, X_ATTEMPT_COUNT,
+    is_idempotent, GrpcCodeSet, Rules, StatusSet, GRPC_PREVIOUS_RPC_ATTEMPTS, X_ATTEMPT_COUNT,
 };
 use stormguard_core::deadline::{grpc_timeout_value, parse_grpc_timeout, Deadline};
+use stormguard_core::methods::{MethodPolicy, MethodTable};
 use stormguard_core::throttle::RetryThrottle;
 use stormguard_core::{Backoff, Class, ConfigError, RetryBudget, Schedule};
 use tokio::time::Sleep;
@@ -247,6 +248,8 @@ struct Shared {
     budget: RetryBudget,
     throttle: Option<RetryThrottle>,
     rules: Rules,
+    /// Per-method limits of a gRPC service config, looked up by `:path` on failure.
+    methods: Option<MethodTable<Limits>>,
     max_retry_after: Duration,
     max_replay_bytes: usize,
     seed: Option<u64>,
@@ -296,6 +299,14 @@ pub struct RetryPolicy {
     /// which tower moves around with every request, stays three words on the success
     /// path.
     streams: Option<Box<Streams>>,
+}
+
+/// What bounds one request's retries: the policy's settings, or its gRPC method's.
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    max_attempts: u32,
+    backoff: Backoff,
+    retryable_grpc_codes: GrpcCodeSet,
 }
 
 /// One request's random draws: its backoff schedule and the jitter on server hints.
@@ -372,6 +383,7 @@ impl RetryPolicy {
         grpc: bool,
         safe_for_any_method: bool,
         after: Option<Duration>,
+        max_attempts: u32,
     ) -> Result<Option<Duration>, GiveUp> {
         let shared = &*self.shared;
         let safe = safe_for_any_method
@@ -381,9 +393,9 @@ impl RetryPolicy {
             return Err(GiveUp::NotIdempotent);
         }
         let max = if grpc {
-            shared.max_attempts.min(GRPC_MAX_ATTEMPTS)
+            max_attempts.min(GRPC_MAX_ATTEMPTS)
         } else {
-            shared.max_attempts
+            max_attempts
         };
         if self.attempts >= max || crate::signals::outbound_call_once() {
             return Err(GiveUp::Exhausted);
@@ -522,7 +534,27 @@ impl RetryPolicy {
         }
     }
 
-    fn streams(&mut self) -> &mut Streams {
+    /// The limits for `req`: its gRPC method's when the policy has per-method settings
+    /// (no retries for a method the service config does not name, as gRFC A6), else
+    /// the policy's own.
+    fn limits<B>(&self, req: &Request<B>, grpc: bool) -> Limits {
+        let shared = &*self.shared;
+        let own = Limits {
+            max_attempts: shared.max_attempts,
+            backoff: shared.backoff,
+            retryable_grpc_codes: shared.rules.retryable_grpc_codes,
+        };
+        match &shared.methods {
+            Some(methods) if grpc => methods.lookup(req.uri().path()).copied().unwrap_or(Limits {
+                max_attempts: 1,
+                retryable_grpc_codes: GrpcCodeSet::new(),
+                ..own
+            }),
+            _ => own,
+        }
+    }
+
+    fn streams(&mut self, backoff: Backoff) -> &mut Streams {
         let shared = &self.shared;
         self.streams.get_or_insert_with(|| {
             Box::new(match shared.seed {
@@ -530,30 +562,32 @@ impl RetryPolicy {
                     let stream = shared.next_stream.fetch_add(1, Ordering::Relaxed);
                     let seed = seed ^ stream.wrapping_mul(0x9E37_79B9_7F4A_7C15);
                     Streams {
-                        schedule: shared.backoff.schedule_seeded(seed),
+                        schedule: backoff.schedule_seeded(seed),
                         rng: SmallRng::seed_from_u64(!seed),
                     }
                 }
                 None => Streams {
-                    schedule: shared.backoff.schedule(),
+                    schedule: backoff.schedule(),
                     rng: SmallRng::from_rng(&mut rand::rng()),
                 },
             })
         })
     }
 
-    fn next_backoff(&mut self) -> Duration {
-        let cap = self.shared.backoff.cap();
-        self.streams().schedule.next().unwrap_or(cap)
+    fn next_backoff(&mut self, backoff: Backoff) -> Duration {
+        self.streams(backoff)
+            .schedule
+            .next()
+            .unwrap_or(backoff.cap())
     }
 
     /// Up to 10% more than the server asked for, never less.
-    fn stretch(&mut self, hint: Duration) -> Duration {
+    fn stretch(&mut self, backoff: Backoff, hint: Duration) -> Duration {
         let spread = u64::try_from((hint / 10).as_nanos()).unwrap_or(u64::MAX);
         if spread == 0 {
             return hint;
         }
-        let extra = self.streams().rng.random_range(0..spread);
+        let extra = self.streams(backoff).rng.random_range(0..spread);
         hint.saturating_add(Duration::from_nanos(extra))
     }
 }
@@ -567,6 +601,7 @@ pub struct RetryPolicyBuilder {
     budget: Option<RetryBudget>,
     throttle: Option<RetryThrottle>,
     rules: Rules,
+    methods: Option<MethodTable<Limits>>,
     max_retry_after: Option<Duration>,
     max_replay_bytes: usize,
     seed: Option<u64>,
@@ -581,6 +616,7 @@ impl Default for RetryPolicyBuilder {
             budget: None,
             throttle: None,
             rules: Rules::default(),
+            methods: None,
             max_retry_after: None,
             max_replay_bytes: DEFAULT_MAX_REPLAY_BYTES,
             seed: None,
@@ -649,6 +685,53 @@ impl RetryPolicyBuilder {
         self
     }
 
+    /// Per-method retry policies for gRPC calls, as a service config's `methodConfig`
+    /// gives them \[none: every call has the policy's own settings\].
+    ///
+    /// A gRPC call's failure is then judged by its method's entry, found by the
+    /// request's `:path` ([`MethodTable::lookup`]): a
+    /// [`MethodPolicy::Retry`] gives its attempts (still at most 5), backoff and
+    /// retryable codes; a method with any other entry, or none, is not retried, as
+    /// gRFC A6 has it: no code is retryable for it (give-up reason `permanent`), and
+    /// its transparent retry still applies. Budget, throttle, replay
+    /// cap and `max_retry_after` stay the policy's. Requests that are not gRPC keep the
+    /// policy's own settings. The lookup happens only when a call fails.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use stormguard::RetryPolicy;
+    /// use stormguard_core::methods::{GrpcRetryPolicy, MethodPolicy, MethodTable};
+    /// use stormguard_core::{classify::GrpcCodeSet, Backoff, Jitter};
+    ///
+    /// let backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(1), Jitter::Full)?;
+    /// let mut methods = MethodTable::new();
+    /// methods.insert_service(
+    ///     "echo.Echo",
+    ///     MethodPolicy::Retry(GrpcRetryPolicy::new(4, backoff, GrpcCodeSet::retryable_default())?),
+    /// );
+    /// let policy = RetryPolicy::builder().grpc_methods(&methods).build()?;
+    /// # let _ = policy;
+    /// # Ok::<(), stormguard::ConfigError>(())
+    /// ```
+    pub fn grpc_methods(mut self, methods: &MethodTable<MethodPolicy>) -> Self {
+        let backoff = self.backoff;
+        self.methods = Some(methods.map(|entry| match entry {
+            MethodPolicy::Retry(retry) => Limits {
+                max_attempts: retry.max_attempts,
+                backoff: retry.backoff,
+                retryable_grpc_codes: retry.codes,
+            },
+            // No retry policy: no code is retryable, so a failure neither retries nor
+            // counts against A6's throttle (as grpc-go counts only retryable codes).
+            _ => Limits {
+                max_attempts: 1,
+                backoff,
+                retryable_grpc_codes: GrpcCodeSet::new(),
+            },
+        }));
+        self
+    }
+
     /// The longest `Retry-After` or pushback the client will wait for; a longer one
     /// returns the response to the caller at once [the backoff cap].
     pub fn max_retry_after(mut self, max: Duration) -> Self {
@@ -692,6 +775,7 @@ impl RetryPolicyBuilder {
                 budget: self.budget.unwrap_or_default(),
                 throttle: self.throttle,
                 rules: self.rules,
+                methods: self.methods,
                 max_replay_bytes: self.max_replay_bytes,
                 seed: self.seed,
                 next_stream: AtomicU64::new(0),
@@ -781,7 +865,7 @@ where
         // Whether repeating the request is safe whatever its method: the failure proves
         // the application never saw it, or gRPC declared its code retryable (gRFC A6
         // leaves that judgement to the configured codes).
-        let (class, safe_for_any_method) = match result {
+        let (mut class, safe_for_any_method) = match result {
             Ok(res) if grpc => {
                 let class = self
                     .shared
@@ -808,6 +892,19 @@ where
                 ErrorClass::Unknown => (Class::Permanent, false),
             },
         };
+        // A failure of a gRPC method with settings of its own: its codes decide.
+        let mut limits = None;
+        if grpc && self.shared.methods.is_some() && !matches!(class, Class::Success) {
+            let method = self.limits(req, grpc);
+            if let Ok(res) = result {
+                let rules = Rules {
+                    retryable_grpc_codes: method.retryable_grpc_codes,
+                    ..self.shared.rules
+                };
+                class = rules.classify_grpc_response(res.status(), res.headers());
+            }
+            limits = Some(method);
+        }
         self.attempts += 1;
         let attempts = self.attempts;
         if let Some(throttle) = &self.shared.throttle {
@@ -826,8 +923,14 @@ where
             Class::Permanent => Err(GiveUp::Permanent),
             Class::DontRetry if grpc => Err(GiveUp::Pushback),
             Class::DontRetry => Err(GiveUp::DontRetry),
-            Class::Retryable { after } => self.may_retry(req, grpc, safe_for_any_method, after),
+            Class::Retryable { after } => {
+                let max = limits
+                    .get_or_insert_with(|| self.limits(req, grpc))
+                    .max_attempts;
+                self.may_retry(req, grpc, safe_for_any_method, after, max)
+            }
         };
+        let backoff = limits.map_or(self.shared.backoff, |l| l.backoff);
         let after = match decision {
             Ok(after) => after,
             Err(why) => return self.finish(result, attempts, Some(why)),
@@ -835,14 +938,14 @@ where
         let delay = match after {
             Some(exact) if grpc => {
                 // gRFC A6: after the server's own wait, the backoff starts over.
-                self.streams().schedule.restart();
+                self.streams(backoff).schedule.restart();
                 exact
             }
             Some(hint) => {
-                let backoff = self.next_backoff();
-                backoff.max(self.stretch(hint))
+                let delay = self.next_backoff(backoff);
+                delay.max(self.stretch(backoff, hint))
             }
-            None => self.next_backoff(),
+            None => self.next_backoff(backoff),
         };
         let now = tokio::time::Instant::now().into_std();
         if let Err(why) = self.may_wait(now, delay) {

@@ -7,7 +7,8 @@
 //! only rebuilds the thundering herd with longer gaps between stampedes.
 //!
 //! The ceiling for retry `n` (0 is the first retry) is `min(cap, base * 2^n)`, computed
-//! with saturating arithmetic so that `n = u32::MAX` gives `cap`. Each [`Jitter`] draws
+//! with saturating arithmetic so that `n = u32::MAX` gives `cap`; another growth factor
+//! than 2 can be set ([`Backoff::with_multiplier`], gRFC A6's `backoffMultiplier`). Each [`Jitter`] draws
 //! the actual delay under that ceiling:
 //!
 //! | jitter | delay for retry `n` |
@@ -63,7 +64,12 @@ pub struct Backoff {
     base: Duration,
     cap: Duration,
     jitter: Jitter,
+    /// The growth factor in thousandths (2000 is doubling).
+    multiplier_milli: u32,
 }
+
+/// Doubling, in thousandths.
+const DOUBLING: u32 = 2000;
 
 impl Default for Backoff {
     fn default() -> Self {
@@ -71,6 +77,7 @@ impl Default for Backoff {
             base: Duration::from_millis(200),
             cap: Duration::from_secs(20),
             jitter: Jitter::Full,
+            multiplier_milli: DOUBLING,
         }
     }
 }
@@ -105,7 +112,45 @@ impl Backoff {
                 format!("at most {MAX_CAP:?} (2^64 - 1 ns)"),
             ));
         }
-        Ok(Backoff { base, cap, jitter })
+        Ok(Backoff {
+            base,
+            cap,
+            jitter,
+            multiplier_milli: DOUBLING,
+        })
+    }
+
+    /// This backoff with ceilings growing by `multiplier` per retry instead of doubling:
+    /// `min(cap, base * multiplier^n)`, gRFC A6's `backoffMultiplier`. Kept to three
+    /// decimal places, from 0.001 to 1000 \[2\]; below 1 the ceilings shrink towards zero.
+    /// [`Jitter::Decorrelated`] does not use it.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use stormguard_core::{Backoff, Jitter};
+    ///
+    /// let backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(1), Jitter::None)?
+    ///     .with_multiplier(1.5)?;
+    /// assert_eq!(backoff.ceiling(2), Duration::from_millis(225));
+    /// assert_eq!(backoff.ceiling(100), Duration::from_secs(1));
+    /// # Ok::<(), stormguard_core::ConfigError>(())
+    /// ```
+    pub fn with_multiplier(mut self, multiplier: f64) -> Result<Self, ConfigError> {
+        if !(0.001..=1000.0).contains(&multiplier) {
+            return Err(ConfigError::invalid(
+                "backoff multiplier",
+                multiplier,
+                "from 0.001 to 1000",
+            ));
+        }
+        // In range, so the product fits; the hair keeps 1.1 (1.0999...) at 1100.
+        self.multiplier_milli = (multiplier * 1000.0 + 1e-9).floor() as u32;
+        Ok(self)
+    }
+
+    /// The growth factor of the ceilings per retry \[2\].
+    pub fn multiplier(&self) -> f64 {
+        f64::from(self.multiplier_milli) / 1000.0
     }
 
     /// The delay before the first retry, before jitter.
@@ -123,9 +168,17 @@ impl Backoff {
         self.jitter
     }
 
-    /// `min(cap, base * 2^retry)`, where retry 0 is the first retry. Never overflows.
+    /// `min(cap, base * 2^retry)` (or the [multiplier](Self::with_multiplier)'s power),
+    /// where retry 0 is the first retry. Never overflows.
     pub fn ceiling(&self, retry: u32) -> Duration {
         let cap = self.cap.as_nanos();
+        if self.multiplier_milli != DOUBLING {
+            let factor = self.multiplier().powf(f64::from(retry));
+            let grown = self.base.as_nanos() as f64 * factor;
+            // NaN cannot arise (both factors are positive); infinity saturates to cap,
+            // and a shrinking ceiling stops at 1 ns so that a delay can still be drawn.
+            return nanos((grown.min(cap as f64) as u128).clamp(1, cap));
+        }
         let grown = 1u128
             .checked_shl(retry)
             .and_then(|factor| self.base.as_nanos().checked_mul(factor))

@@ -31,6 +31,15 @@ pub enum ConfigError {
         /// What would have been accepted.
         allowed: String,
     },
+    /// A setting read from a configuration file (TOML, JSON, a gRPC service config) is
+    /// missing, unknown, of the wrong type or out of range.
+    At {
+        /// Where, as a dotted path: `dependencies.payments.retry.max_attempts`; empty
+        /// when the text as a whole could not be read.
+        path: String,
+        /// What is wrong: `0 is not in 1..=100`.
+        message: String,
+    },
 }
 
 impl ConfigError {
@@ -47,10 +56,28 @@ impl ConfigError {
         }
     }
 
-    /// The setting that was rejected.
+    /// An error at `path` in a configuration file, saying what is wrong.
+    pub fn at(path: impl Into<String>, message: impl Into<String>) -> Self {
+        ConfigError::At {
+            path: path.into(),
+            message: message.into(),
+        }
+    }
+
+    /// The setting that was rejected, as a builder names it; `"configuration"` for an
+    /// error in a file (see [`path`](Self::path)).
     pub fn field(&self) -> &'static str {
         match self {
             ConfigError::Invalid { field, .. } => field,
+            ConfigError::At { .. } => "configuration",
+        }
+    }
+
+    /// Where in a configuration file the error is, for errors read from one.
+    pub fn path(&self) -> Option<&str> {
+        match self {
+            ConfigError::Invalid { .. } => None,
+            ConfigError::At { path, .. } => Some(path),
         }
     }
 }
@@ -63,6 +90,8 @@ impl fmt::Display for ConfigError {
                 value,
                 allowed,
             } => write!(f, "invalid {field}: {value} (allowed: {allowed})"),
+            ConfigError::At { path, message } if path.is_empty() => f.write_str(message),
+            ConfigError::At { path, message } => write!(f, "{path}: {message}"),
         }
     }
 }

@@ -27,9 +27,12 @@ pub mod backoff;
 pub mod breaker;
 pub mod budget;
 pub mod classify;
+#[cfg(feature = "serde")]
+pub mod config;
 pub mod deadline;
 mod error;
 pub mod hedge;
+pub mod methods;
 mod pace;
 pub mod redelivery;
 pub mod retry_after;

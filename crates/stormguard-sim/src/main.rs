@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use stormguard_core::config::Settings;
 use stormguard_sim::experiments::{self, FleetRow};
 use stormguard_sim::jitter::{self, JitterResult, PUBLISHED_100, STRATEGIES};
 use stormguard_sim::model::{self, FleetConfig, Scenario, Timeline};
@@ -46,6 +47,9 @@ flags:
   --timeout-ms MS     per-attempt timeout (1000)
   --shared            one budget and breaker for the whole fleet (default: one per client)
   --drop-expired      the server drops queued work whose caller timed out
+  --config FILE       fleet: also a row per dependency of a stormguard config file
+                      (TOML, or JSON when FILE ends in .json), named config:NAME
+  --dependency NAME   fleet --config: only that dependency's row
   --no-progress       no progress on stderr
 
 strategies: ";
@@ -100,6 +104,8 @@ struct Opts {
     duration: Option<f64>,
     rate: Option<f64>,
     timeout_ms: u64,
+    config: Option<PathBuf>,
+    dependency: Option<String>,
     shared: bool,
     drop_expired: bool,
     progress: bool,
@@ -152,7 +158,8 @@ impl Opts {
                 }
                 "--scenario" => {
                     let v = value(arg)?;
-                    if !["healthy", "outage", "partial", "brownout", "spike"].contains(&v.as_str()) {
+                    if !["healthy", "outage", "partial", "brownout", "spike"].contains(&v.as_str())
+                    {
                         return Err(format!("--scenario: unknown scenario {v:?}"));
                     }
                     o.scenario = Some(v);
@@ -164,15 +171,12 @@ impl Opts {
                 "--duration" => o.duration = Some(num(arg, &value(arg)?, 0.0, 1e6)?),
                 "--rate" => o.rate = Some(num(arg, &value(arg)?, 0.001, 1e9)?),
                 "--timeout-ms" => o.timeout_ms = num(arg, &value(arg)?, 1.0, 1e9)? as u64,
-                "--config" => {
-                    return Err(
-                        "--config (a per-dependency config file) is not supported yet: it comes with the configuration issue"
-                            .into(),
-                    )
-                }
+                "--config" => o.config = Some(PathBuf::from(value(arg)?)),
+                "--dependency" => o.dependency = Some(value(arg)?),
                 flag if flag.starts_with('-') => return Err(format!("unknown flag {flag}")),
                 cmd if o.command.is_empty() => {
-                    if !["jitter", "retry-curves", "metastable", "fleet", "defaults"].contains(&cmd) {
+                    if !["jitter", "retry-curves", "metastable", "fleet", "defaults"].contains(&cmd)
+                    {
                         return Err(format!("unknown command {cmd:?}"));
                     }
                     o.command = cmd.to_string();
@@ -455,6 +459,33 @@ fn cmd_defaults(o: &Opts) -> Result<(), String> {
     Ok(())
 }
 
+/// A strategy per dependency of the configuration file at `path` (or only `only`'s).
+fn config_strategies(path: &std::path::Path, only: Option<&str>) -> Result<Vec<Strategy>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let settings = if path.extension().is_some_and(|e| e == "json") {
+        Settings::from_json(&text)
+    } else {
+        Settings::from_toml(&text)
+    }
+    .map_err(|e| format!("{}: {e}", path.display()))?;
+    let chosen: Vec<Strategy> = settings
+        .dependencies()
+        .filter(|(name, _)| only.is_none_or(|only| only == *name))
+        .map(|(name, dependency)| Strategy::from_settings(name, dependency))
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    if chosen.is_empty() {
+        let names: Vec<&str> = settings.dependencies().map(|(n, _)| n).collect();
+        return Err(format!(
+            "{}: no dependency {:?} (it has: {})",
+            path.display(),
+            only.unwrap_or(""),
+            names.join(", ")
+        ));
+    }
+    Ok(chosen)
+}
+
 fn cmd_fleet(o: &Opts) -> Result<(), String> {
     let wall = Instant::now();
     let clients = o.clients.unwrap_or(1000);
@@ -482,8 +513,22 @@ fn cmd_fleet(o: &Opts) -> Result<(), String> {
     cfg.shared = o.shared;
     cfg.drop_expired = o.drop_expired;
     cfg.progress = o.progress && clients >= 10_000;
+    let mut strategies = match (&o.config, &o.strategies) {
+        // Beside a file's rows: no retries, and the library's defaults.
+        (Some(_), None) => vec![
+            Strategy::named("none", o.attempts).ok_or("no strategy \"none\"")?,
+            Strategy::named("stormguard+breaker", o.attempts)
+                .ok_or("no strategy \"stormguard+breaker\"")?,
+        ],
+        _ => o.strategies(FLEET)?,
+    };
+    if let Some(path) = &o.config {
+        strategies.extend(config_strategies(path, o.dependency.as_deref())?);
+    } else if o.dependency.is_some() {
+        return Err("--dependency needs --config".into());
+    }
     let mut rows = Vec::new();
-    for s in o.strategies(FLEET)? {
+    for s in strategies {
         let r = model::run(&cfg, &s)?;
         rows.push(FleetRow::new(&cfg, r));
     }

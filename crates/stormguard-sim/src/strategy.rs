@@ -247,6 +247,35 @@ impl Strategy {
     }
 }
 
+impl Strategy {
+    /// The strategy of one dependency of a configuration file, named `config:NAME`: its
+    /// attempts, backoff, budget and breaker (on all calls, or none when the file turns
+    /// it off). The simulator models one bound across requests, so a dependency with
+    /// both a budget and `retry_throttling` is simulated with the budget; hedging and
+    /// per-method gRPC settings are not simulated.
+    pub fn from_settings(
+        name: &str,
+        settings: &stormguard_core::config::DependencySettings,
+    ) -> Result<Strategy, stormguard_core::ConfigError> {
+        let budget = settings.budget.clone().build()?;
+        Ok(Strategy {
+            name: format!("config:{name}"),
+            attempts: settings.retry.max_attempts.max(1),
+            backoff: BackoffKind::Core(settings.retry.backoff),
+            budget: BudgetKind::Core {
+                ratio: budget.ratio(),
+                window: budget.window(),
+                min_retries: u32::try_from(budget.min_retries()).unwrap_or(u32::MAX),
+                pace: budget.pace(),
+            },
+            breaker: match &settings.breaker {
+                Some(breaker) => BreakerMode::AllCalls(breaker.config.clone()),
+                None => BreakerMode::Off,
+            },
+        })
+    }
+}
+
 impl BudgetKind {
     /// The AWS SDK standard retry quota: 500, retry 5, timeout retry 10, refund 1.
     pub const AWS_QUOTA: BudgetKind = BudgetKind::Quota {

@@ -44,7 +44,6 @@ fn bad_flags_exit_2_with_a_reason() {
             "unknown strategy \"retry-harder\"",
         ),
         (&["fleet", "--seed"][..], "--seed needs a value"),
-        (&["fleet", "--config", "x.toml"][..], "not supported yet"),
         (&[][..], "no command given"),
     ] {
         let out = sim(args);
@@ -71,4 +70,51 @@ fn fleet_prints_a_row_per_strategy_and_events_per_second() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(stdout.matches("\"strategy\":").count(), 2, "{stdout}");
     assert!(stdout.contains("\"events_per_sec\":"));
+}
+
+#[test]
+fn fleet_reads_the_repository_s_configuration_file() {
+    let file = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../examples/stormguard.toml"
+    );
+    let out = sim(&[
+        "fleet",
+        "--config",
+        file,
+        "--dependency",
+        "payments",
+        "--clients",
+        "50",
+        "--seconds",
+        "6",
+        "--json",
+        "--no-progress",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    for row in ["\"none\"", "\"stormguard+breaker\"", "\"config:payments\""] {
+        assert!(stdout.contains(row), "{row}: {stdout}");
+    }
+    assert!(!stdout.contains("config:search"), "{stdout}");
+}
+
+#[test]
+fn fleet_config_errors_name_the_file_and_the_path() {
+    let dir = std::env::temp_dir().join(format!("stormguard-sim-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let bad = dir.join("bad.toml");
+    std::fs::write(&bad, "[dependencies.payments.retry]\nmax_attempts = 0\n").expect("write");
+    let out = sim(&["fleet", "--config", bad.to_str().expect("utf-8 path")]);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("bad.toml: dependencies.payments.retry.max_attempts: 0 is not in 1..=100"),
+        "{stderr}"
+    );
 }
