@@ -88,6 +88,18 @@ pub struct MethodTable<T> {
     default: Option<T>,
 }
 
+/// `maxAttempts` as A6 reads it: at least 2, and 5 when above.
+fn a6_attempts(max_attempts: u32) -> Result<u32, ConfigError> {
+    if max_attempts < 2 {
+        return Err(ConfigError::invalid(
+            "maxAttempts",
+            max_attempts,
+            "at least 2 (gRFC A6)",
+        ));
+    }
+    Ok(max_attempts.min(MAX_ATTEMPTS))
+}
+
 impl GrpcRetryPolicy {
     /// A retry policy of `max_attempts` (2 or more; above 5 is read as 5), `backoff`
     /// and the retryable `codes` (not empty).
@@ -96,13 +108,6 @@ impl GrpcRetryPolicy {
         backoff: Backoff,
         codes: GrpcCodeSet,
     ) -> Result<Self, ConfigError> {
-        if max_attempts < 2 {
-            return Err(ConfigError::invalid(
-                "maxAttempts",
-                max_attempts,
-                "at least 2 (gRFC A6)",
-            ));
-        }
         if codes == GrpcCodeSet::new() {
             return Err(ConfigError::invalid(
                 "retryableStatusCodes",
@@ -111,7 +116,7 @@ impl GrpcRetryPolicy {
             ));
         }
         Ok(GrpcRetryPolicy {
-            max_attempts: max_attempts.min(MAX_ATTEMPTS),
+            max_attempts: a6_attempts(max_attempts)?,
             backoff,
             codes,
         })
@@ -126,18 +131,11 @@ impl GrpcHedgePolicy {
         delay: Duration,
         non_fatal_codes: GrpcCodeSet,
     ) -> Result<Self, ConfigError> {
-        if max_attempts < 2 {
-            return Err(ConfigError::invalid(
-                "maxAttempts",
-                max_attempts,
-                "at least 2 (gRFC A6)",
-            ));
-        }
         if delay > Duration::from_secs(3600) {
             return Err(ConfigError::invalid("hedgingDelay", delay, "from 0s to 1h"));
         }
         Ok(GrpcHedgePolicy {
-            max_attempts: max_attempts.min(MAX_ATTEMPTS),
+            max_attempts: a6_attempts(max_attempts)?,
             delay,
             non_fatal_codes,
         })
