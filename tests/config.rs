@@ -98,7 +98,7 @@ fn example_toml() -> Config {
 async fn example_file_builds_each_dependency_as_written() -> Result<(), BoxError> {
     let config = example_toml();
     let names: Vec<&str> = config.names().collect();
-    assert_eq!(names, ["cache", "inventory", "payments", "search"]);
+    assert_eq!(names, ["cache", "inventory", "payments", "search", "users"]);
 
     let payments = config.dependency("payments")?;
     assert_eq!(payments.retry.name(), "payments");
@@ -157,6 +157,45 @@ async fn every_stack_of_a_dependency_shares_its_budget() -> Result<(), BoxError>
     assert_eq!(payments.retry.stats().retries, 1);
     assert_eq!(payments.retry.stats().budget_denied, 1);
     assert_eq!(config.dependency("search")?.budget.usage(now), (0, 0));
+    Ok(())
+}
+
+/// A dependency of the TOML file with a service config written as TOML tables.
+#[tokio::test(start_paused = true)]
+async fn a_service_config_in_the_toml_file_bounds_that_dependency_s_grpc_calls(
+) -> Result<(), BoxError> {
+    let users = example_toml().dependency("users")?;
+    let upstream = Upstream::new();
+    let ok = ServiceBuilder::new()
+        .layer(RetryLayer::new(users.retry.clone()))
+        .service(upstream.service(|_| (MS, grpc("0"))));
+    for _ in 0..100 {
+        ok.clone().oneshot(grpc_call("/users.Users/Get")).await?;
+        tokio::time::sleep(10 * MS).await;
+    }
+    upstream.take_paths();
+    let failing = ServiceBuilder::new()
+        .layer(RetryLayer::new(users.retry.clone()))
+        .service(upstream.service(|_| (MS, grpc("14"))));
+    let response = failing
+        .clone()
+        .oneshot(grpc_call("/users.Users/Get"))
+        .await?;
+    assert_eq!(Attempts::of(&response), 4, "maxAttempts 4");
+    assert_eq!(upstream.take_paths().len(), 4);
+    failing.oneshot(grpc_call("/users.Users/Delete")).await?;
+    assert_eq!(upstream.take_paths().len(), 1, "Delete has neither policy");
+    // Not gRPC: the dependency's own retry settings (3 attempts by default). A fresh
+    // read of the file, since the failures above spent the throttle's tokens.
+    let users = example_toml().dependency("users")?;
+    let http = ServiceBuilder::new()
+        .layer(RetryLayer::new(users.retry.clone()))
+        .service(upstream.service(|_| (MS, status(503))));
+    let response = http.oneshot(get("/users/7")).await?;
+    // A client with no traffic yet: the budget's floor grants one retry, and the
+    // third attempt the policy wanted is refused by the budget, not by a method entry.
+    assert_eq!(Attempts::of(&response), 2);
+    assert_eq!(users.retry.stats().budget_denied, 1);
     Ok(())
 }
 
@@ -316,6 +355,6 @@ fn bad_files_name_the_path_and_the_rule() {
         .to_string();
     assert_eq!(
         missing,
-        "dependencies.billing: not in the configuration (it has: cache, inventory, payments, search)"
+        "dependencies.billing: not in the configuration (it has: cache, inventory, payments, search, users)"
     );
 }

@@ -9,20 +9,35 @@ use serde_json::Value;
 use super::read::{parse_duration, wrong, Table};
 use super::{codes, grpc_code, locate, DependencySettings};
 use crate::methods::{GrpcHedgePolicy, GrpcRetryPolicy, MethodPolicy, MethodTable};
-use crate::throttle::RetryThrottle;
+use crate::throttle::{RetryThrottle, RetryThrottleBuilder};
 use crate::{Backoff, ConfigError, Jitter};
 
 /// A6 caps `maxAttempts` of both policies at 5; larger values are treated as 5.
 const MAX_ATTEMPTS: u32 = 5;
 
-/// Reads a service config into a dependency's settings. Fields this library does not
-/// use (`loadBalancingConfig`, `timeout`, `waitForReady`, ...) are ignored, as gRPC
-/// ignores fields it does not know, so a tonic user's file reads as it is.
+/// What a service config gives a dependency.
+pub(super) struct ServiceConfig {
+    pub(super) methods: MethodTable<MethodPolicy>,
+    pub(super) throttle: Option<RetryThrottleBuilder>,
+}
+
+/// Reads a service config's JSON text into a dependency's settings.
 pub(super) fn read(json: &str) -> Result<DependencySettings, ConfigError> {
     let value: Value = serde_json::from_str(json)
         .map_err(|e| ConfigError::at("", format!("not valid JSON: {e}")))?;
-    let mut top = Table::new("", &value)?;
-    let mut dependency = DependencySettings::default();
+    let config = read_value("", &value)?;
+    Ok(DependencySettings {
+        methods: Some(config.methods),
+        throttle: config.throttle,
+        ..DependencySettings::default()
+    })
+}
+
+/// Reads a service config found at `path`. Fields this library does not use
+/// (`loadBalancingConfig`, `timeout`, `waitForReady`, ...) are ignored, as gRPC
+/// ignores fields it does not know, so a tonic user's file reads as it is.
+pub(super) fn read_value(path: &str, value: &Value) -> Result<ServiceConfig, ConfigError> {
+    let mut top = Table::new(path, value)?;
     let mut table = MethodTable::default();
     let mut first_seen: HashMap<String, String> = HashMap::new();
     if let Some(configs) = top.list("methodConfig", |path, v| Ok((path.to_owned(), v)))? {
@@ -54,18 +69,21 @@ pub(super) fn read(json: &str) -> Result<DependencySettings, ConfigError> {
             }
         }
     }
+    let mut throttle = None;
     if let Some(mut t) = top.table("retryThrottling")? {
         let max_tokens = required(&mut t, "maxTokens")?;
         let token_ratio = required(&mut t, "tokenRatio")?;
-        let throttle = RetryThrottle::builder()
+        let builder = RetryThrottle::builder()
             .max_tokens(max_tokens)
             .token_ratio(token_ratio);
         let keys = [("max_tokens", "maxTokens"), ("token_ratio", "tokenRatio")];
-        throttle.clone().build().map_err(|e| locate(&t, e, &keys))?;
-        dependency.throttle = Some(throttle);
+        builder.clone().build().map_err(|e| locate(&t, e, &keys))?;
+        throttle = Some(builder);
     }
-    dependency.methods = Some(table);
-    Ok(dependency)
+    Ok(ServiceConfig {
+        methods: table,
+        throttle,
+    })
 }
 
 enum Name {

@@ -9,7 +9,9 @@
 //! # The file
 //!
 //! One table per dependency under `dependencies`, each with up to five sections:
-//! `retry`, `budget`, `breaker`, `hedging` and `retry_throttling`. A `defaults` table of
+//! `retry`, `budget`, `breaker`, `hedging` and `retry_throttling`, and a gRPC service
+//! config (`grpc_service_config`: its JSON text, or the same as TOML tables) whose
+//! `methodConfig` and `retryThrottling` then apply to the dependency's gRPC calls. A `defaults` table of
 //! the same shape is laid under every dependency, key by key. Every key is optional and
 //! takes the library's default; a key this reader does not know is an error, so a typo
 //! cannot silently leave a default in place. Durations are strings with a unit:
@@ -302,6 +304,38 @@ fn read_dependency(path: &str, value: &Value) -> Result<DependencySettings, Conf
     }
     if let Some(section) = t.table("retry_throttling")? {
         dependency.throttle = Some(read_throttle(section)?);
+    }
+    let key = "grpc_service_config";
+    let path = t.path_of(key);
+    let service_config = match t.value(key) {
+        None => None,
+        // The JSON text as it is, or the same written as TOML tables.
+        Some(Value::String(json)) => {
+            let value: Value = serde_json::from_str(json)
+                .map_err(|e| ConfigError::at(path.clone(), format!("not valid JSON: {e}")))?;
+            Some(grpc::read_value(&path, &value)?)
+        }
+        Some(v @ Value::Object(_)) => Some(grpc::read_value(&path, v)?),
+        Some(other) => {
+            return Err(read::wrong(
+                path,
+                "a service config, as JSON text or a table",
+                other,
+            ))
+        }
+    };
+    if let Some(config) = service_config {
+        if config.throttle.is_some() && dependency.throttle.is_some() {
+            return Err(ConfigError::at(
+                format!("{path}.retryThrottling"),
+                format!(
+                    "throttling is also set by {}",
+                    t.path_of("retry_throttling")
+                ),
+            ));
+        }
+        dependency.methods = Some(config.methods);
+        dependency.throttle = dependency.throttle.or(config.throttle);
     }
     t.finish()?;
     Ok(dependency)
@@ -638,7 +672,7 @@ mod tests {
         );
         assert_eq!(
             err("[dependencies.a]\nretries = 3"),
-            "dependencies.a.retries: unknown field (expected one of: breaker, budget, hedging, retry, retry_throttling)"
+            "dependencies.a.retries: unknown field (expected one of: breaker, budget, grpc_service_config, hedging, retry, retry_throttling)"
         );
         assert_eq!(
             err("[dependency.a]"),
@@ -671,6 +705,51 @@ mod tests {
         assert!(b.breaker.is_none());
         assert!(b.hedging.is_none());
         assert_eq!(settings.dependencies().count(), 2);
+    }
+
+    #[test]
+    fn a_dependency_takes_a_grpc_service_config_as_json_or_tables() {
+        let policy = concat!(
+            r#"{"maxAttempts": 3, "initialBackoff": "0.1s", "maxBackoff": "1s", "#,
+            r#""backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}"#
+        );
+        let settings = Settings::from_toml(&format!(
+            r#"
+            [dependencies.users]
+            grpc_service_config = '{{"methodConfig": [{{"name": [{{"service": "u.Users"}}], "retryPolicy": {policy}}}]}}'
+            [dependencies.users.budget]
+            ratio = 0.2
+            [dependencies.orders.grpc_service_config]
+            retryThrottling = {{ maxTokens = 5, tokenRatio = 0.5 }}
+            [[dependencies.orders.grpc_service_config.methodConfig]]
+            name = [{{ service = "o.Orders", method = "Get" }}]
+            hedgingPolicy = {{ maxAttempts = 2, hedgingDelay = "0.05s" }}
+            "#
+        ))
+        .expect("valid");
+        let users = settings.dependency("users").expect("users");
+        let methods = users.methods.as_ref().expect("methods");
+        assert!(
+            matches!(methods.lookup("/u.Users/Find"), Some(MethodPolicy::Retry(r)) if r.max_attempts == 3)
+        );
+        let orders = settings.dependency("orders").expect("orders");
+        let methods = orders.methods.as_ref().expect("methods");
+        assert!(matches!(
+            methods.lookup("/o.Orders/Get"),
+            Some(MethodPolicy::Hedge(_))
+        ));
+        assert!(orders.throttle.is_some());
+
+        assert_eq!(
+            err("[dependencies.u]\ngrpc_service_config = '{\"methodConfig\": [{\"name\": []}]}'"),
+            "dependencies.u.grpc_service_config.methodConfig[0].name: a method config needs at least one name"
+        );
+        assert_eq!(
+            err("[dependencies.u]\nretry_throttling = { max_tokens = 1 }\ngrpc_service_config = { retryThrottling = { maxTokens = 2, tokenRatio = 0.1 } }"),
+            "dependencies.u.grpc_service_config.retryThrottling: throttling is also set by dependencies.u.retry_throttling"
+        );
+        assert!(err("[dependencies.u]\ngrpc_service_config = '{'")
+            .starts_with("dependencies.u.grpc_service_config: not valid JSON"));
     }
 
     #[test]
