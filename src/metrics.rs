@@ -9,7 +9,7 @@
 //! |---|---|---|---|
 //! | `retry_attempts_total` | counter | `service`, `attempt_number` | attempts sent: 1 for first tries, 2, 3... for retries; a rise above 1 is dependency trouble |
 //! | `retry_exhausted_total` | counter | `service` | requests that failed after every attempt allowed |
-//! | `retry_give_ups_total` | counter | `service`, `reason` | every give-up, by [`GiveUp`](crate::GiveUp) reason (`budget`, `circuit_open`, `deadline`...) |
+//! | `retry_give_ups_total` | counter | `service`, `reason` | every give-up, by [`GiveUp`] reason (`budget`, `circuit_open`, `deadline`...) |
 //! | `retry_transparent_total` | counter | `service` | transparent retries (refused streams, drained connections) |
 //! | `retry_budget_remaining` | gauge | `service` | whole retries the budget would grant, as of the last failure |
 //! | `retry_ratio` | gauge | `service` | retries per original request over the budget's window, as of the last failure |
