@@ -12,6 +12,9 @@
 //! | `tower::timeout::error::Elapsed`, connection reset or aborted, broken pipe, `io::ErrorKind::TimedOut`, hyper's closed, canceled, incomplete or timed-out connections, other h2 stream resets | the request may have been processed: retry idempotent requests only |
 //! | [`CircuitOpen`](crate::CircuitOpen) | a breaker failed fast: never retried |
 //! | anything else | not known to be transient: not retried |
+//!
+//! The hyper, hyper-util and h2 types are recognised with the features of those names
+//! (all on by default); without them their `source()` chains are still walked when boxed.
 
 use std::any::Any;
 use std::error::Error;
@@ -22,8 +25,9 @@ use crate::BoxError;
 /// An error saying the request provably never reached the server's application: the
 /// server refused it unprocessed, or it never left the client.
 ///
-/// stormguard recognises this on its own in hyper's, hyper-util's and h2's errors (a
-/// `REFUSED_STREAM`, a GOAWAY, a request handed back unwritten). A transport of your
+/// stormguard recognises this on its own in hyper-util's and h2's errors (a
+/// `REFUSED_STREAM`, a GOAWAY, a request handed back unwritten) with the `h2` and
+/// `hyper-util` features, on by default. A transport of your
 /// own that knows as much can say so by returning this error, or one whose `source()`
 /// chain holds it; the retry layer then makes its one transparent retry (see
 /// [`retry`](crate::retry#transparent-retries)) and a breaker does not count it.
@@ -86,7 +90,8 @@ pub(crate) fn classify_error<E: 'static>(err: &E) -> ErrorClass {
     }
 }
 
-fn as_std_error<E: 'static>(err: &E) -> Option<&(dyn Error + 'static)> {
+/// `err` as a `std` error, when it is a boxed error or one of the types recognised.
+pub(crate) fn as_std_error<E: 'static>(err: &E) -> Option<&(dyn Error + 'static)> {
     let any = err as &dyn Any;
     if let Some(boxed) = any.downcast_ref::<BoxError>() {
         return Some(&**boxed);
@@ -104,10 +109,13 @@ fn as_std_error<E: 'static>(err: &E) -> Option<&(dyn Error + 'static)> {
             }
         )*};
     }
+    #[cfg(feature = "hyper-util")]
+    concrete!(hyper_util::client::legacy::Error);
+    #[cfg(feature = "hyper")]
+    concrete!(hyper::Error);
+    #[cfg(feature = "h2")]
+    concrete!(h2::Error);
     concrete!(
-        hyper_util::client::legacy::Error,
-        hyper::Error,
-        h2::Error,
         io::Error,
         tower::timeout::error::Elapsed,
         crate::CircuitOpen,
@@ -145,6 +153,7 @@ fn classify_one(err: &(dyn Error + 'static)) -> Option<ErrorClass> {
     if err.is::<tower::timeout::error::Elapsed>() {
         return Some(ErrorClass::MaybeProcessed);
     }
+    #[cfg(feature = "hyper-util")]
     if let Some(err) = err.downcast_ref::<hyper_util::client::legacy::Error>() {
         if err.is_connect() {
             return Some(ErrorClass::NotSent);
@@ -154,6 +163,7 @@ fn classify_one(err: &(dyn Error + 'static)) -> Option<ErrorClass> {
         // Anything else: look further down the chain.
         return is_hyper_util_canceled(err).then_some(ErrorClass::Unprocessed);
     }
+    #[cfg(feature = "h2")]
     if let Some(err) = err.downcast_ref::<h2::Error>() {
         // A REFUSED_STREAM from the peer is its promise that the stream was not
         // processed (RFC 9113, 8.7); h2 reports a GOAWAY from the peer only to streams
@@ -167,6 +177,7 @@ fn classify_one(err: &(dyn Error + 'static)) -> Option<ErrorClass> {
             ErrorClass::Unknown
         });
     }
+    #[cfg(feature = "hyper")]
     if let Some(err) = err.downcast_ref::<hyper::Error>() {
         let transient = err.is_timeout()
             || err.is_closed()
@@ -189,6 +200,7 @@ fn classify_one(err: &(dyn Error + 'static)) -> Option<ErrorClass> {
     None
 }
 
+#[cfg(feature = "hyper-util")]
 fn is_hyper_util_canceled(err: &hyper_util::client::legacy::Error) -> bool {
     use std::fmt::Write;
     /// Compares what is written with one expected text, without allocating.
@@ -256,6 +268,7 @@ mod tests {
         );
     }
 
+    #[cfg(feature = "h2")]
     #[test]
     fn h2_reasons() {
         let refused = h2::Error::from(h2::Reason::REFUSED_STREAM);

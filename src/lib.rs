@@ -1,4 +1,5 @@
 #![doc = include_str!("../README.md")]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod body;
 pub mod breaker;
@@ -7,6 +8,7 @@ pub mod config;
 mod error_class;
 pub mod hedge;
 #[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub mod metrics;
 pub mod retry;
 pub mod signals;

@@ -17,9 +17,8 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use stormguard::{Attempts, Backoff, Jitter, ReplayBody, RetryLayer};
-use tokio::net::TcpListener;
+use hyper_util::rt::TokioExecutor;
+use stormguard::{Attempts, ReplayBody, RetryLayer};
 use tower::{BoxError, ServiceBuilder, ServiceExt};
 
 #[path = "support/budget.rs"]
@@ -265,10 +264,12 @@ async fn a_body_over_the_cap_is_sent_once_and_intact() {
     assert_eq!(policy.stats().not_replayable, 1);
 }
 
+// hyper-util's client error is read only with the feature (see README, "Cargo features").
+#[cfg(feature = "hyper-util")]
 #[tokio::test]
 async fn a_post_to_a_refused_port_is_retried_until_the_server_is_up() {
     // Find a free port, leave it closed, and open it only after the first attempt failed.
-    let port = TcpListener::bind("127.0.0.1:0")
+    let port = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind")
         .local_addr()
@@ -276,10 +277,10 @@ async fn a_post_to_a_refused_port_is_retried_until_the_server_is_up() {
         .port();
     let policy = fast_policy(1)
         .backoff(
-            Backoff::new(
+            stormguard::Backoff::new(
                 Duration::from_millis(300),
                 Duration::from_secs(1),
-                Jitter::None,
+                stormguard::Jitter::None,
             )
             .expect("backoff"),
         )
@@ -305,7 +306,7 @@ async fn a_post_to_a_refused_port_is_retried_until_the_server_is_up() {
         1,
         "the refused attempt was not retried"
     );
-    let listener = TcpListener::bind(("127.0.0.1", port))
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
         .await
         .expect("rebind the port");
     let (stream, _) = tokio::time::timeout(Duration::from_secs(5), listener.accept())
@@ -317,7 +318,7 @@ async fn a_post_to_a_refused_port_is_retried_until_the_server_is_up() {
             Ok::<_, Infallible>(reply(201, "created"))
         });
         let _ = hyper::server::conn::http1::Builder::new()
-            .serve_connection(TokioIo::new(stream), service)
+            .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
             .await;
     });
     let res = call.await.expect("task").expect("response");

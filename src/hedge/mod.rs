@@ -147,8 +147,8 @@ use stormguard_core::{Class, ConfigError, RetryBudget};
 use tower_service::Service;
 
 use crate::body::{NotReplayable, ReplayHandle};
-use crate::error_class::{classify_error, ErrorClass};
-use crate::{BoxError, Idempotent, NoRetry, RetryPolicy};
+use crate::error_class::{as_std_error, classify_error, ErrorClass};
+use crate::{Idempotent, NoRetry, RetryPolicy};
 
 /// gRFC A6 caps hedging at five attempts.
 const MAX_ATTEMPTS: u32 = 5;
@@ -369,17 +369,7 @@ impl HedgePolicy {
 /// Whether `err` is, or was caused by, a replayed body that had nothing whole to
 /// replay: the hedge's body, not the server, failed.
 fn is_not_replayable<E: 'static>(err: &E) -> bool {
-    let any = err as &dyn std::any::Any;
-    let mut next: Option<&(dyn std::error::Error + 'static)> =
-        if let Some(boxed) = any.downcast_ref::<BoxError>() {
-            Some(&**boxed)
-        } else if let Some(err) = any.downcast_ref::<hyper_util::client::legacy::Error>() {
-            Some(err)
-        } else if let Some(err) = any.downcast_ref::<hyper::Error>() {
-            Some(err)
-        } else {
-            None
-        };
+    let mut next = as_std_error(err);
     // Bounded: error chains are finite, and no real one is this deep.
     for _ in 0..64 {
         let Some(err) = next else { return false };
@@ -662,6 +652,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::BoxError;
 
     #[test]
     fn bad_settings_are_errors() {
