@@ -4,6 +4,7 @@
 pub mod body;
 pub mod breaker;
 #[cfg(feature = "serde")]
+#[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
 pub mod config;
 mod error_class;
 pub mod hedge;
@@ -17,6 +18,7 @@ mod tower_budget;
 pub use body::{NotReplayable, ReplayBody};
 pub use breaker::{BreakerStats, CircuitBreaker, CircuitBreakerLayer, CircuitOpen};
 #[cfg(feature = "serde")]
+#[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
 pub use config::{Config, Dependency};
 pub use error_class::Unprocessed;
 pub use hedge::{Hedge, HedgeLayer, HedgePolicy, HedgePolicyBuilder, HedgeStats};

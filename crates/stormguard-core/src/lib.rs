@@ -22,12 +22,14 @@
 //! }
 //! # Ok::<(), stormguard_core::ConfigError>(())
 //! ```
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod backoff;
 pub mod breaker;
 pub mod budget;
 pub mod classify;
 #[cfg(feature = "serde")]
+#[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
 pub mod config;
 pub mod deadline;
 mod error;
