@@ -19,8 +19,11 @@ mod stacks;
 
 use stacks::{realistic_request, request, upstream, NeverRetry, Req, Res, UPSTREAM};
 
+/// Builds a fresh request for each call.
+type MakeRequest = fn() -> Req;
+
 /// Mean allocations of one call (request built by `make` and sent, response dropped).
-fn allocations_per_call<S>(rt: &tokio::runtime::Runtime, make: fn() -> Req, svc: S) -> f64
+fn allocations_per_call<S>(rt: &tokio::runtime::Runtime, make: MakeRequest, svc: S) -> f64
 where
     S: Service<Req, Response = Res> + Clone,
     S::Error: std::fmt::Debug,
@@ -50,7 +53,7 @@ fn the_success_path_allocates_no_more_than_towers_retry() {
         .enable_time()
         .build()
         .expect("runtime");
-    let requests: [(&str, fn() -> Req); 2] = [
+    let requests: [(&str, MakeRequest); 2] = [
         ("small", request),
         ("realistic", || realistic_request(UPSTREAM)),
     ];

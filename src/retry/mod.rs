@@ -475,9 +475,7 @@ impl RetryPolicy {
             // error is not the server's answer, and does not).
             match class {
                 Class::Success => throttle.record_success(),
-                Class::Retryable { .. } | Class::DontRetry if answered => {
-                    throttle.record_failure()
-                }
+                Class::Retryable { .. } | Class::DontRetry if answered => throttle.record_failure(),
                 _ => {}
             }
         }
