@@ -123,15 +123,16 @@ where
 }
 
 /// The stacks compared on every upstream: bare, tower's `Retry` with a `TpsBudget`,
-/// stormguard's retry, and stormguard's retry over its breaker.
-fn peers<S, B>(group: &mut Group<'_>, rt: &Runtime, calls: Calls<'_>, upstream: S)
+/// stormguard's retry, and stormguard's retry over its breaker, each over an upstream of
+/// its own (over HTTP/2, a connection of its own).
+fn peers<S, B>(group: &mut Group<'_>, rt: &Runtime, calls: Calls<'_>, upstream: &dyn Fn() -> S)
 where
     S: Service<Req, Response = Response<B>> + Clone,
     S::Error: Into<BoxError> + std::fmt::Debug + 'static,
     B: hyper::body::Body,
     B::Error: std::fmt::Debug,
 {
-    bench(group, rt, "bare", calls, upstream.clone());
+    bench(group, rt, "bare", calls, upstream());
     bench(
         group,
         rt,
@@ -139,7 +140,7 @@ where
         calls,
         ServiceBuilder::new()
             .layer(tower::retry::RetryLayer::new(TpsPolicy::new()))
-            .service(upstream.clone()),
+            .service(upstream()),
     );
     bench(
         group,
@@ -148,7 +149,7 @@ where
         calls,
         ServiceBuilder::new()
             .layer(RetryLayer::new(RetryPolicy::default()))
-            .service(upstream.clone()),
+            .service(upstream()),
     );
     let breaker = CircuitBreaker::builder().build().expect("breaker");
     bench(
@@ -159,7 +160,7 @@ where
         ServiceBuilder::new()
             .layer(RetryLayer::new(RetryPolicy::default()))
             .layer(CircuitBreakerLayer::new(breaker))
-            .service(upstream),
+            .service(upstream()),
     );
 }
 
@@ -170,7 +171,7 @@ fn overhead(c: &mut Criterion) {
         read_body: false,
     };
     let mut group = c.benchmark_group("overhead");
-    peers(&mut group, &rt, calls, upstream());
+    peers(&mut group, &rt, calls, &upstream);
     bench(
         &mut group,
         &rt,
@@ -215,7 +216,7 @@ fn realistic(c: &mut Criterion) {
         make: &|| realistic_request(UPSTREAM),
         read_body: false,
     };
-    peers(&mut group, &rt, calls, upstream());
+    peers(&mut group, &rt, calls, &upstream);
     group.finish();
 }
 
@@ -249,18 +250,20 @@ fn h2_server(rt: &Runtime) -> std::net::SocketAddr {
 fn h2_loopback(c: &mut Criterion) {
     let rt = runtime();
     let addr = h2_server(&rt);
-    let mut connector = HttpConnector::new();
-    connector.set_nodelay(true);
-    let client = Client::builder(TokioExecutor::new())
-        .http2_only(true)
-        .build::<_, Full<Bytes>>(connector);
+    let client = || {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        Client::builder(TokioExecutor::new())
+            .http2_only(true)
+            .build::<_, Full<Bytes>>(connector)
+    };
     let uri = format!("http://{addr}/items/7");
     let mut group = c.benchmark_group("h2_loopback");
     let calls = Calls {
         make: &|| realistic_request(&uri),
         read_body: true,
     };
-    peers(&mut group, &rt, calls, client);
+    peers(&mut group, &rt, calls, &client);
     group.finish();
 }
 
