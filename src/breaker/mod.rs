@@ -438,11 +438,18 @@ impl CircuitBreaker {
         }
     }
 
-    /// Tells everyone about a transition.
+    /// Tells everyone about a transition, if there was one (on nearly every call there
+    /// is none: this much is inlined).
+    #[inline]
     fn emit(&self, transition: Option<Transition>) {
-        let Some(t) = transition else {
-            return;
-        };
+        if let Some(t) = transition {
+            self.announce(t);
+        }
+    }
+
+    /// Tells everyone about a transition.
+    #[cold]
+    fn announce(&self, t: Transition) {
         let s = &self.shared;
         s.transitions.fetch_add(1, Ordering::Relaxed);
         #[cfg(feature = "metrics")]

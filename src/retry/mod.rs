@@ -86,7 +86,8 @@ use http::{HeaderValue, Request, Response};
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 use stormguard_core::classify::{
-    is_idempotent, GrpcCodeSet, Rules, StatusSet, GRPC_PREVIOUS_RPC_ATTEMPTS, X_ATTEMPT_COUNT,
+    grpc_status, is_idempotent, GrpcCodeSet, Rules, StatusSet, GRPC_PREVIOUS_RPC_ATTEMPTS,
+    X_ATTEMPT_COUNT,
 };
 use stormguard_core::deadline::{grpc_timeout_value, parse_grpc_timeout, Deadline};
 use stormguard_core::methods::{MethodPolicy, MethodTable};
@@ -293,9 +294,10 @@ pub struct RetryPolicy {
     attempts: u32,
     /// Whether this request has had its one transparent retry.
     transparent_used: bool,
-    /// When the caller stops waiting: the request's [`Deadline`] or
-    /// its `grpc-timeout`, read when it is first sent.
-    deadline: Option<Deadline>,
+    /// When the caller stops waiting: the request's [`Deadline`] or its `grpc-timeout`
+    /// counted from its first send, read from the request at its first failure (a
+    /// success never needs it).
+    deadline: RequestDeadline,
     /// The request's random streams, made at its first retry. Boxed so that the policy,
     /// which tower moves around with every request, stays three words on the success
     /// path.
@@ -308,6 +310,19 @@ struct Limits {
     max_attempts: u32,
     backoff: Backoff,
     retryable_grpc_codes: GrpcCodeSet,
+}
+
+/// Where a request's deadline stands: tower keeps the request as first sent until its
+/// first outcome, so the deadline is read then, from that copy and the instant of the
+/// first send, to the same value it would have had at the send.
+#[derive(Debug, Clone, Copy)]
+enum RequestDeadline {
+    /// Not sent yet (the layer's own copy of the policy).
+    Unsent,
+    /// First sent at this instant; not read yet.
+    SentAt(Instant),
+    /// Read at the first failure: the [`Deadline`], if the request has one.
+    Read(Option<Deadline>),
 }
 
 /// One request's random draws: its backoff schedule and the jitter on server hints.
@@ -413,7 +428,7 @@ impl RetryPolicy {
     /// The last checks, once the wait is known: the deadline, then the budget (so a
     /// retry that could never finish spends nothing).
     fn may_wait(&self, now: Instant, delay: Duration) -> Result<(), GiveUp> {
-        if self.deadline.is_some_and(|d| !d.allows(now, delay)) {
+        if self.deadline().is_some_and(|d| !d.allows(now, delay)) {
             return Err(GiveUp::Deadline);
         }
         if let Some(throttle) = &self.shared.throttle {
@@ -436,7 +451,7 @@ impl RetryPolicy {
         }
         let now = tokio::time::Instant::now().into_std();
         if self
-            .deadline
+            .deadline()
             .is_some_and(|d| !d.allows(now, Duration::ZERO))
         {
             self.give_up(GiveUp::Deadline, self.attempts + 1);
@@ -446,7 +461,7 @@ impl RetryPolicy {
         if grpc {
             let headers = req.headers_mut();
             headers.insert(GRPC_TRANSPARENT_RETRY_ATTEMPTS, HeaderValue::from(1u32));
-            if let Some(deadline) = self.deadline {
+            if let Some(deadline) = self.deadline() {
                 headers.insert(GRPC_TIMEOUT, grpc_timeout_value(deadline.remaining(now)));
             }
         }
@@ -463,6 +478,21 @@ impl RetryPolicy {
             "retrying"
         );
         Some(Wait::now())
+    }
+
+    /// Counts an attempt whose outcome was classified `class` (`answered`: the server
+    /// answered, with a response rather than a transport error).
+    fn count_attempt(&mut self, class: Class, answered: bool) {
+        self.attempts += 1;
+        if let Some(throttle) = &self.shared.throttle {
+            // gRFC A6: every answer of the server moves the token count (a transport
+            // error is not the server's answer, and does not).
+            match class {
+                Class::Success => throttle.record_success(),
+                Class::Retryable { .. } | Class::DontRetry if answered => throttle.record_failure(),
+                _ => {}
+            }
+        }
     }
 
     /// Hands the outcome back: records why (if it is a give-up) and the attempt count.
@@ -580,6 +610,23 @@ impl RetryPolicy {
             .schedule
             .next()
             .unwrap_or(backoff.cap())
+    }
+
+    /// Reads the request's deadline, once, from the request as first sent: call it at
+    /// the first outcome that is not a success, before the request is changed for a
+    /// retry.
+    fn read_deadline<B>(&mut self, req: &Request<B>) {
+        if let RequestDeadline::SentAt(sent) = self.deadline {
+            self.deadline = RequestDeadline::Read(deadline_of(req, sent));
+        }
+    }
+
+    /// The request's deadline, once [`read_deadline`](Self::read_deadline) has run.
+    fn deadline(&self) -> Option<Deadline> {
+        match self.deadline {
+            RequestDeadline::Read(deadline) => deadline,
+            RequestDeadline::Unsent | RequestDeadline::SentAt(_) => None,
+        }
     }
 
     /// Up to 10% more than the server asked for, never less.
@@ -786,7 +833,7 @@ impl RetryPolicyBuilder {
             }),
             attempts: 0,
             transparent_used: false,
-            deadline: None,
+            deadline: RequestDeadline::Unsent,
             streams: None,
         }
     }
@@ -862,7 +909,16 @@ where
         req: &mut Request<B>,
         result: &mut Result<Response<ResB>, E>,
     ) -> Option<Wait> {
+        if let Ok(res) = result {
+            // A 2xx without `grpc-status` is a success to the gRPC rules and the HTTP
+            // rules alike: nothing else about the request or the response matters.
+            if res.status().is_success() && grpc_status(res.headers()).is_none() {
+                self.count_attempt(Class::Success, true);
+                return self.finish(result, self.attempts, None);
+            }
+        }
         let grpc = is_grpc(req);
+        self.read_deadline(req);
         // Whether repeating the request is safe whatever its method: the failure proves
         // the application never saw it, or gRPC declared its code retryable (gRFC A6
         // leaves that judgement to the configured codes).
@@ -906,19 +962,8 @@ where
             }
             limits = Some(method);
         }
-        self.attempts += 1;
+        self.count_attempt(class, result.is_ok());
         let attempts = self.attempts;
-        if let Some(throttle) = &self.shared.throttle {
-            // gRFC A6: every answer of the server moves the token count (a transport
-            // error is not the server's answer, and does not).
-            match class {
-                Class::Success => throttle.record_success(),
-                Class::Retryable { .. } | Class::DontRetry if result.is_ok() => {
-                    throttle.record_failure()
-                }
-                _ => {}
-            }
-        }
         let decision = match class {
             Class::Success => return self.finish(result, attempts, None),
             Class::Permanent => Err(GiveUp::Permanent),
@@ -955,7 +1000,7 @@ where
         let headers = req.headers_mut();
         if grpc {
             headers.insert(GRPC_PREVIOUS_RPC_ATTEMPTS, HeaderValue::from(attempts));
-            if let Some(deadline) = self.deadline {
+            if let Some(deadline) = self.deadline() {
                 let left = deadline.remaining(now + delay);
                 headers.insert(GRPC_TIMEOUT, grpc_timeout_value(left));
             }
@@ -995,7 +1040,7 @@ where
             if req.extensions().get::<NoRetry>().is_some() {
                 return None;
             }
-            self.deadline = deadline_of(req, now);
+            self.deadline = RequestDeadline::SentAt(now);
         }
         Some(req.clone())
     }

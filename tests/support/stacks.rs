@@ -1,10 +1,12 @@
-//! The success-path setup shared by `benches/overhead.rs` and `tests/allocations.rs`:
-//! one request type, an always-200 upstream, and tower's least retry policy.
+//! The success-path setup shared by `crates/stormguard-bench/benches/overhead.rs` and
+//! `tests/allocations.rs`: one request type, two requests (a bare one and a realistic
+//! one), an always-200 upstream, and tower's least retry policy.
 
 use std::future::{ready, Ready};
 
 use bytes::Bytes;
-use http::{Request, Response};
+use http::header::{HeaderName, HeaderValue};
+use http::{Method, Request, Response};
 use http_body_util::Full;
 use tower::retry::Policy;
 use tower::{service_fn, BoxError, Service};
@@ -14,11 +16,52 @@ pub(crate) type Req = Request<Full<Bytes>>;
 /// The response every stack returns.
 pub(crate) type Res = Response<Full<Bytes>>;
 
+/// Where the requests go (the in-memory upstream ignores it).
+pub(crate) const UPSTREAM: &str = "http://upstream/items/7";
+
 /// A `GET` with a small body, built afresh for each call.
 pub(crate) fn request() -> Req {
-    Request::get("http://upstream/items/7")
+    Request::get(UPSTREAM)
         .body(Full::new(Bytes::from_static(b"{}")))
         .expect("request")
+}
+
+/// A 1 KiB JSON-ish body.
+static BODY: [u8; 1024] = [b'7'; 1024];
+
+/// A `PUT` to `uri` as a real client sends one, built afresh for each call: ten headers
+/// (an `Authorization`, a cookie, a W3C trace context...), their values owned as a
+/// client's are, and a 1 KiB body.
+pub(crate) fn realistic_request(uri: &str) -> Req {
+    const HEADERS: [(&str, &str); 10] = [
+        ("host", "upstream"),
+        ("user-agent", "stormguard-bench/0.1"),
+        ("accept", "application/json"),
+        ("accept-encoding", "gzip, br"),
+        ("content-type", "application/json"),
+        ("content-length", "1024"),
+        (
+            "authorization",
+            "Bearer eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiI3In0.c2lnbmF0dXJl",
+        ),
+        ("x-request-id", "7f3c1e2a-5b8d-4c6e-9a1f-2d3b4c5d6e7f"),
+        (
+            "traceparent",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        ),
+        ("cookie", "session=5f2b8c1d9e; theme=dark"),
+    ];
+    let mut req = Request::new(Full::new(Bytes::from_static(&BODY)));
+    *req.method_mut() = Method::PUT;
+    *req.uri_mut() = uri.parse().expect("uri");
+    let headers = req.headers_mut();
+    for (name, value) in HEADERS {
+        headers.insert(
+            HeaderName::from_static(name),
+            HeaderValue::from_str(value).expect("header value"),
+        );
+    }
+    req
 }
 
 /// An upstream that answers 200 at once.
@@ -32,10 +75,10 @@ pub(crate) fn upstream(
 #[derive(Clone)]
 pub(crate) struct NeverRetry;
 
-impl<E> Policy<Req, Res, E> for NeverRetry {
+impl<B, E> Policy<Req, Response<B>, E> for NeverRetry {
     type Future = Ready<()>;
 
-    fn retry(&mut self, _: &mut Req, _: &mut Result<Res, E>) -> Option<Self::Future> {
+    fn retry(&mut self, _: &mut Req, _: &mut Result<Response<B>, E>) -> Option<Self::Future> {
         None
     }
 

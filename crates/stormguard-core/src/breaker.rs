@@ -574,23 +574,30 @@ impl Window {
         }
     }
 
-    fn epoch(&self, nanos: u64) -> u64 {
-        nanos / self.width
+    /// The epoch of `nanos`, given `head` as a guess: nearly every call lands in the
+    /// head's epoch, which a multiplication confirms without a division.
+    fn epoch(&self, nanos: u64, head: u64) -> u64 {
+        match head.checked_mul(self.width) {
+            Some(start) if nanos >= start && nanos - start < self.width => head,
+            _ => nanos / self.width,
+        }
     }
 
     fn slot(&self, epoch: u64) -> &AtomicU64 {
         &self.buckets[(epoch % BUCKETS) as usize]
     }
 
-    /// Counts one call (and one failure if `failure`) in the bucket of `epoch`, or of
-    /// the head if the clock seems to have gone backwards.
-    fn record(&self, epoch: u64, failure: bool) {
+    /// Counts one call (and one failure if `failure`) made `nanos` after the origin in
+    /// the bucket of its epoch, or of the head if the clock seems to have gone
+    /// backwards; returns its epoch.
+    fn record(&self, nanos: u64, failure: bool) -> u64 {
         let delta = CALL_ONE + if failure { FAILURE_ONE } else { 0 };
+        let mut head = self.head.load(Ordering::SeqCst);
+        let own = self.epoch(nanos, head);
         // Each retry means another thread moved the bucket on meanwhile; after a few,
         // dropping one count is better than spinning.
         for _ in 0..4 {
-            let head = self.head.load(Ordering::SeqCst);
-            let epoch = epoch.max(head);
+            let epoch = own.max(head);
             if epoch > head {
                 self.advance(head, epoch);
             }
@@ -600,12 +607,14 @@ impl Window {
                 if (word >> 22) & COUNT_MASK < COUNT_CAP {
                     slot.fetch_add(delta, Ordering::SeqCst);
                 }
-                return;
+                return own;
             }
             if self.claim(slot, word, epoch, delta) {
-                return;
+                return own;
             }
+            head = self.head.load(Ordering::SeqCst);
         }
+        own
     }
 
     /// Replaces `word`, a bucket left from an earlier epoch, with a fresh bucket for
@@ -911,8 +920,7 @@ impl Breaker {
         match outcome {
             Outcome::Ignored => None,
             Outcome::Success => {
-                let epoch = self.window.epoch(self.nanos(now));
-                self.window.record(epoch, false);
+                self.window.record(self.nanos(now), false);
                 if self.config.consecutive_failures.is_some()
                     && self.consecutive.load(Ordering::Relaxed) != 0
                 {
@@ -921,8 +929,7 @@ impl Breaker {
                 None
             }
             Outcome::Failure => {
-                let epoch = self.window.epoch(self.nanos(now));
-                self.window.record(epoch, true);
+                let epoch = self.window.record(self.nanos(now), true);
                 let streak = match self.config.consecutive_failures {
                     Some(limit) => {
                         self.consecutive

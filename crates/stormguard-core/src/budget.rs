@@ -284,11 +284,13 @@ impl State {
             .as_secs()
             .saturating_mul(1_000_000_000)
             .saturating_add(u64::from(since.subsec_nanos()));
-        let epoch = nanos / self.bucket_nanos;
         let current = self.clock.load(Ordering::Acquire);
-        if epoch <= current {
+        // `nanos / bucket_nanos <= current`, without the division: nearly every call
+        // lands in the current epoch.
+        if nanos < current.saturating_add(1).saturating_mul(self.bucket_nanos) {
             return current;
         }
+        let epoch = nanos / self.bucket_nanos;
         let _roll = self.roll.lock().unwrap_or_else(PoisonError::into_inner);
         let current = self.clock.load(Ordering::Acquire);
         if epoch <= current {

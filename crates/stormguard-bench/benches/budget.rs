@@ -2,7 +2,7 @@
 //! `RetryBudget` and tower's `TpsBudget`, on one thread and with two threads contending
 //! for the same budget.
 //!
-//! `cargo bench --bench budget`
+//! `cargo bench -p stormguard-bench --bench budget`
 
 use std::hint::black_box;
 use std::sync::Arc;
