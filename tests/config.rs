@@ -90,6 +90,20 @@ fn grpc_call(path: &str) -> Request<String> {
         .expect("request")
 }
 
+/// A second of successful gRPC calls to `path`, 100 of them, through `retry`: they pay
+/// 10 retries into its budget (and keep an A6 throttle full) before a test's failures.
+async fn fill_budget(retry: &stormguard::RetryPolicy, path: &str) -> Result<(), BoxError> {
+    let upstream = Upstream::new();
+    let ok = ServiceBuilder::new()
+        .layer(RetryLayer::new(retry.clone()))
+        .service(upstream.service(|_| (MS, grpc("0"))));
+    for _ in 0..100 {
+        ok.clone().oneshot(grpc_call(path)).await?;
+        tokio::time::sleep(10 * MS).await;
+    }
+    Ok(())
+}
+
 fn example_toml() -> Config {
     Config::from_toml(include_str!("../examples/stormguard.toml")).expect("the example is valid")
 }
@@ -165,15 +179,8 @@ async fn every_stack_of_a_dependency_shares_its_budget() -> Result<(), BoxError>
 async fn a_service_config_in_the_toml_file_bounds_that_dependency_s_grpc_calls(
 ) -> Result<(), BoxError> {
     let users = example_toml().dependency("users")?;
+    fill_budget(&users.retry, "/users.Users/Get").await?;
     let upstream = Upstream::new();
-    let ok = ServiceBuilder::new()
-        .layer(RetryLayer::new(users.retry.clone()))
-        .service(upstream.service(|_| (MS, grpc("0"))));
-    for _ in 0..100 {
-        ok.clone().oneshot(grpc_call("/users.Users/Get")).await?;
-        tokio::time::sleep(10 * MS).await;
-    }
-    upstream.take_paths();
     let failing = ServiceBuilder::new()
         .layer(RetryLayer::new(users.retry.clone()))
         .service(upstream.service(|_| (MS, grpc("14"))));
@@ -211,18 +218,7 @@ async fn grpc_service_config_picks_each_call_s_method_config() -> Result<(), Box
         .layer(RetryLayer::new(dependency.retry.clone()))
         .option_layer(dependency.hedge.clone().map(HedgeLayer::new))
         .service(upstream.service(|_| (MS, grpc("14"))));
-    let ok = ServiceBuilder::new()
-        .layer(RetryLayer::new(dependency.retry.clone()))
-        .service(upstream.service(|_| (MS, grpc("0"))));
-
-    // Successful calls fill the budget (10% of them) before the failures.
-    for _ in 0..100 {
-        ok.clone()
-            .oneshot(grpc_call("/grpc.testing.TestService/UnaryCall"))
-            .await?;
-        tokio::time::sleep(10 * MS).await;
-    }
-    upstream.take_paths();
+    fill_budget(&dependency.retry, "/grpc.testing.TestService/UnaryCall").await?;
 
     // The service-wide entry: maxAttempts 4.
     let response = client
