@@ -682,6 +682,58 @@ mod tests {
     }
 
     #[test]
+    fn hostile_values_are_errors_not_panics() {
+        assert_eq!(
+            err("[dependencies.a.budget]\nratio = nan"),
+            "dependencies.a.budget.ratio: expected a number, found null, nan or inf"
+        );
+        for text in [
+            "[dependencies.a.budget]\nratio = nan",
+            "[dependencies.a.budget]\nratio = inf",
+            "[dependencies.a.budget]\npace = -inf",
+            "[dependencies.a.retry]\nmax_attempts = 9223372036854775807",
+            "[dependencies.a.retry]\nmax_attempts = -9223372036854775808",
+            "[dependencies.a.retry]\nmax_replay_bytes = -1",
+            "[dependencies.a.retry]\nmax_retry_after = \"-1s\"",
+            "[dependencies.a.retry]\nmax_retry_after = \"99999999999999999999h\"",
+            "[dependencies.a.retry]\nmax_retry_after = 1979-05-27T07:32:00Z",
+            "[dependencies.a.retry]\nbackoff = { base = \"1ns\", cap = \"584942417355y\" }",
+            "[dependencies.a.retry]\nbackoff = { multiplier = 0.0 }",
+            "[dependencies.a.retry]\nretryable_statuses = [99, 1000, -5]",
+            "[dependencies.a.retry]\nretryable_grpc_codes = [17]",
+            "[dependencies.a.retry]\nretryable_grpc_codes = [\"OK\"]",
+            "[dependencies.a.breaker]\njitter = 2.0",
+            "[dependencies.a.breaker]\nprobes = 0",
+            "[dependencies.a.hedging]\npercentile = 1.0",
+            "[dependencies.a.retry_throttling]\nmax_tokens = 1001",
+            "[dependencies.a]\ngrpc_service_config = 5",
+            "dependencies = 5",
+            "[dependencies]\na = []",
+            "[dependencies.\"\"]",
+        ] {
+            assert!(Settings::from_toml(text).is_err(), "{text}");
+        }
+        for text in [
+            "",
+            "[]",
+            "null",
+            "{\"dependencies\": null}",
+            "{\"dependencies\": {\"a\": 1}}",
+        ] {
+            assert!(Settings::from_json(text).is_err(), "{text}");
+        }
+        for text in [
+            "",
+            "[]",
+            "{\"methodConfig\": {}}",
+            "{\"methodConfig\": [1]}",
+            "{\"methodConfig\": [{\"name\": [{\"service\": 5}]}]}",
+        ] {
+            assert!(Settings::from_grpc_service_config(text).is_err(), "{text}");
+        }
+    }
+
+    #[test]
     fn defaults_are_laid_under_every_dependency() {
         let settings = Settings::from_toml(
             r#"

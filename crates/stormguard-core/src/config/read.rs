@@ -191,7 +191,8 @@ pub(super) fn whole(path: &str, v: &Value) -> Result<i128, ConfigError> {
 
 fn kind(v: &Value) -> String {
     match v {
-        Value::Null => "nothing".to_owned(),
+        // TOML has no null: there it is a nan or an infinity, which JSON cannot hold.
+        Value::Null => "null, nan or inf".to_owned(),
         Value::Bool(b) => format!("{b}"),
         Value::Number(n) => format!("the number {n}"),
         Value::String(s) => format!("the string {s:?}"),
