@@ -11,8 +11,8 @@
 //! | `retry_exhausted_total` | counter | `service` | requests that failed after every attempt allowed |
 //! | `retry_give_ups_total` | counter | `service`, `reason` | every give-up, by [`GiveUp`] reason (`budget`, `circuit_open`, `deadline`...) |
 //! | `retry_transparent_total` | counter | `service` | transparent retries (refused streams, drained connections) |
-//! | `retry_budget_remaining` | gauge | `service` | whole retries the budget would grant, as of the last failure |
-//! | `retry_ratio` | gauge | `service` | retries per original request over the budget's window, as of the last failure |
+//! | `retry_budget_remaining` | gauge | `service` | whole retries the budget would grant, as of the last failure (labelled with the budget's own name if it has one, else the policy's) |
+//! | `retry_ratio` | gauge | `service` | retries per original request over the budget's window, as of the last failure (labelled as above) |
 //! | `retry_delay_seconds` | histogram | `service` | the wait before each retry |
 //! | `retry_retries_per_call` | histogram | `service` | retries each call took (gRFC A45's per-call view) |
 //! | `circuit_breaker_state` | gauge | `dependency` | 0 closed, 1 half-open, 2 open, 3 isolated |
@@ -49,6 +49,8 @@ const REASONS: [GiveUp; 10] = [
 #[derive(Debug, Default)]
 pub(crate) struct RetryMetrics {
     handles: OnceLock<RetryHandles>,
+    /// The budget's own name, when it has one: the label of its gauges.
+    budget: Option<String>,
 }
 
 #[derive(Debug)]
@@ -64,9 +66,18 @@ struct RetryHandles {
 }
 
 impl RetryMetrics {
+    /// Handles for a policy drawing from a budget named `budget`, if it is.
+    pub(crate) fn new(budget: Option<&str>) -> Self {
+        RetryMetrics {
+            handles: OnceLock::new(),
+            budget: budget.map(str::to_owned),
+        }
+    }
+
     fn handles(&self, service: &str, max_attempts: u32) -> &RetryHandles {
         self.handles.get_or_init(|| {
             let service = service.to_owned();
+            let budget = self.budget.clone().unwrap_or_else(|| service.clone());
             RetryHandles {
                 attempts: (1..=max_attempts)
                     .map(|n| {
@@ -83,8 +94,8 @@ impl RetryMetrics {
                     })
                     .collect(),
                 transparent: metrics::counter!("retry_transparent_total", "service" => service.clone()),
-                budget_remaining: metrics::gauge!("retry_budget_remaining", "service" => service.clone()),
-                ratio: metrics::gauge!("retry_ratio", "service" => service.clone()),
+                budget_remaining: metrics::gauge!("retry_budget_remaining", "service" => budget.clone()),
+                ratio: metrics::gauge!("retry_ratio", "service" => budget),
                 delay: metrics::histogram!("retry_delay_seconds", "service" => service.clone()),
                 retries_per_call: metrics::histogram!("retry_retries_per_call", "service" => service),
             }

@@ -116,6 +116,7 @@ async fn example_file_builds_each_dependency_as_written() -> Result<(), BoxError
 
     let payments = config.dependency("payments")?;
     assert_eq!(payments.retry.name(), "payments");
+    assert_eq!(payments.budget.name(), Some("payments"));
     let breaker = payments.breaker.clone().expect("payments has a breaker");
     assert_eq!(breaker.name(), "payments");
     assert_eq!(breaker.config().consecutive_failures(), Some(50));

@@ -99,7 +99,8 @@ pub struct Config {
 pub struct Dependency {
     /// The retry policy, named after the dependency, drawing from [`budget`](Self::budget).
     pub retry: RetryPolicy,
-    /// The dependency's one retry budget, shared by the retry and hedge policies.
+    /// The dependency's one retry budget, named after it, shared by the retry and hedge
+    /// policies.
     pub budget: RetryBudget,
     /// The circuit breaker, named after the dependency; `None` when the file turns it
     /// off.
@@ -205,7 +206,7 @@ impl Config {
 
 /// One dependency's parts from its settings.
 fn parts(name: &str, s: &DependencySettings) -> Result<Dependency, ConfigError> {
-    let budget = s.budget.clone().build()?;
+    let budget = s.budget.clone().name(name).build()?;
     let retry = retry_policy(name, s, budget.clone())?;
     let breaker = match &s.breaker {
         Some(b) => Some(

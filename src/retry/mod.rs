@@ -814,13 +814,16 @@ impl RetryPolicyBuilder {
     }
 
     fn make(self) -> RetryPolicy {
+        let budget = self.budget.unwrap_or_default();
         RetryPolicy {
             shared: Arc::new(Shared {
                 name: self.name,
                 max_attempts: self.max_attempts,
                 max_retry_after: self.max_retry_after.unwrap_or(self.backoff.cap()),
                 backoff: self.backoff,
-                budget: self.budget.unwrap_or_default(),
+                #[cfg(feature = "metrics")]
+                metrics: crate::metrics::RetryMetrics::new(budget.name()),
+                budget,
                 throttle: self.throttle,
                 rules: self.rules,
                 methods: self.methods,
@@ -828,8 +831,6 @@ impl RetryPolicyBuilder {
                 seed: self.seed,
                 next_stream: AtomicU64::new(0),
                 counters: Counters::default(),
-                #[cfg(feature = "metrics")]
-                metrics: crate::metrics::RetryMetrics::default(),
             }),
             attempts: 0,
             transparent_used: false,

@@ -124,6 +124,8 @@ struct State {
     min_retries: u64,
     /// Retries per original request at most, at any moment (`None`: unpaced).
     pace: Option<f64>,
+    /// The dependency's name, for the metrics' label.
+    name: Option<Box<str>>,
     /// How fast retries may be spent: refilled from the recent deposit rate.
     spend: Pace,
     /// The current epoch, the newest any operation has seen: time never runs backwards
@@ -247,6 +249,13 @@ impl RetryBudget {
         self.state.pace
     }
 
+    /// The dependency's name, if the builder was given one: the `service` label of the
+    /// budget's gauges under the `metrics` feature (without one, the name of the policy
+    /// that draws from it).
+    pub fn name(&self) -> Option<&str> {
+        self.state.name.as_deref()
+    }
+
     /// The instant epochs are counted from, for tests that need to land on a boundary.
     #[cfg(all(loom, test))]
     pub(crate) fn origin(&self) -> Instant {
@@ -267,6 +276,7 @@ impl fmt::Debug for RetryBudget {
             .field("window", &self.state.window)
             .field("min_retries", &self.state.min_retries)
             .field("pace", &self.state.pace)
+            .field("name", &self.state.name)
             .finish_non_exhaustive()
     }
 }
@@ -394,6 +404,7 @@ pub struct RetryBudgetBuilder {
     window: Duration,
     floor: Floor,
     pace: Option<f64>,
+    name: Option<String>,
 }
 
 /// How the floor was given.
@@ -410,6 +421,7 @@ impl Default for RetryBudgetBuilder {
             window: Duration::from_secs(10),
             floor: Floor::PerWindow(1),
             pace: Some(DEFAULT_PACE),
+            name: None,
         }
     }
 }
@@ -459,6 +471,14 @@ impl RetryBudgetBuilder {
     /// always holds at least two retries (one request's).
     pub fn pace(mut self, pace: Option<f64>) -> Self {
         self.pace = pace;
+        self
+    }
+
+    /// The dependency's name: the `service` label of the budget's gauges
+    /// (`retry_budget_remaining`, `retry_ratio`) under stormguard's `metrics` feature
+    /// \[none: the name of the policy that draws from it\].
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
         self
     }
 
@@ -512,6 +532,7 @@ impl RetryBudgetBuilder {
                 window: self.window,
                 min_retries: min_retries.min(u64::MAX as f64) as u64,
                 pace: self.pace,
+                name: self.name.map(String::into_boxed_str),
                 spend: Pace::new(),
                 clock: AtomicU64::new(0),
                 roll: Mutex::new(()),
@@ -693,9 +714,12 @@ mod tests {
     fn state_is_constant_and_small() {
         assert_eq!(RetryBudget::STATE_BYTES, std::mem::size_of::<State>());
         // 23 atomics (two rings, the clock and the pace), the roll-over lock and the
-        // configuration, on 64-bit Linux.
+        // configuration (its name a pointer and a length), on 64-bit Linux.
         #[cfg(all(target_pointer_width = "64", target_os = "linux"))]
-        assert_eq!(RetryBudget::STATE_BYTES, 280);
+        assert_eq!(RetryBudget::STATE_BYTES, 296);
+        let named = RetryBudget::builder().name("payments").build();
+        assert_eq!(named.ok().as_ref().and_then(|b| b.name()), Some("payments"));
+        assert_eq!(RetryBudget::default().name(), None);
     }
 
     #[test]
