@@ -189,7 +189,13 @@ fn attempts(t: &mut Table<'_>) -> Result<u32, ConfigError> {
     let v = t
         .value("maxAttempts")
         .ok_or_else(|| ConfigError::at(path.clone(), "is required"))?;
-    let n = super::read::whole(&path, v)?;
+    // proto3 JSON writes a uint32 as a number, and readers take a string of one too.
+    let n = match v {
+        Value::String(text) => text
+            .parse::<i128>()
+            .map_err(|_| wrong(path.clone(), "a whole number", v))?,
+        _ => super::read::whole(&path, v)?,
+    };
     if n < 2 {
         return Err(ConfigError::at(
             path,
@@ -199,10 +205,16 @@ fn attempts(t: &mut Table<'_>) -> Result<u32, ConfigError> {
     Ok(u32::try_from(n).unwrap_or(u32::MAX).min(MAX_ATTEMPTS))
 }
 
+/// A required number; proto3 JSON readers take it as a string too (`"0.1"`).
 fn required(t: &mut Table<'_>, key: &'static str) -> Result<f64, ConfigError> {
     let path = t.path_of(key);
-    t.f64(key)?
-        .ok_or_else(|| ConfigError::at(path, "is required"))
+    let v = t
+        .value(key)
+        .ok_or_else(|| ConfigError::at(path.clone(), "is required"))?;
+    v.as_f64()
+        .or_else(|| v.as_str().and_then(|text| text.trim().parse::<f64>().ok()))
+        .filter(|n| n.is_finite())
+        .ok_or_else(|| wrong(path, "a number", v))
 }
 
 /// A required duration greater than zero.
@@ -337,6 +349,29 @@ mod tests {
         assert_eq!(attempts("/s.S/M"), 5, "9 is read as 5");
         assert_eq!(attempts("/s.S/N"), 3);
         assert_eq!(attempts("/t.T/M"), 2);
+    }
+
+    /// proto3 JSON lets numbers be strings; service configs written by a proto
+    /// serializer, or by hand after one, read the same.
+    #[test]
+    fn numbers_as_strings_read_as_proto3_json_allows() {
+        let table = methods(
+            r#"{"methodConfig": [{"name": [{"service": "s.S"}],
+              "retryPolicy": {"maxAttempts": "3", "initialBackoff": "0.25s",
+                "maxBackoff": "2.5s", "backoffMultiplier": "1.5",
+                "retryableStatusCodes": ["unavailable", 8]}}],
+              "retryThrottling": {"maxTokens": "10", "tokenRatio": "0.5"}}"#,
+        );
+        let Some(MethodPolicy::Retry(retry)) = table.lookup("/s.S/M") else {
+            panic!("a retry policy");
+        };
+        assert_eq!(retry.max_attempts, 3);
+        assert_eq!(retry.backoff.ceiling(1), Duration::from_millis(375));
+        assert!(retry.codes.contains(14) && retry.codes.contains(8));
+        assert_eq!(
+            err(r#"{"retryThrottling": {"maxTokens": "many", "tokenRatio": 0.1}}"#),
+            "retryThrottling.maxTokens: expected a number, found the string \"many\""
+        );
     }
 
     #[test]
