@@ -49,22 +49,22 @@
 //! trailers-only response (how tonic answers a unary call that returns an error);
 //! a status sent in trailers after a streamed body is left as it is.
 
-use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use http::{HeaderValue, Request, Response};
-use pin_project_lite::pin_project;
 use stormguard_core::classify::{grpc_status, GRPC_PREVIOUS_RPC_ATTEMPTS, GRPC_RETRY_PUSHBACK_MS};
 pub use stormguard_core::classify::{X_ATTEMPT_COUNT, X_NO_RETRY};
-use tokio::task::futures::TaskLocalFuture;
-use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::retry::GiveUp;
+
+pub mod future;
+mod layer;
+
+pub use future::ResponseFuture;
+pub use layer::SignalsLayer;
 
 tokio::task_local! {
     /// The inbound request being handled in this task, if a [`SignalsLayer`] serves it.
@@ -140,42 +140,6 @@ impl InboundAttempt {
     }
 }
 
-/// Server-side layer: marks failures caused by outbound give-ups as "do not retry",
-/// and exposes the caller's attempt number; see the [module docs](self).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct SignalsLayer {
-    retries_call_once: bool,
-}
-
-impl SignalsLayer {
-    /// The layer: marks responses, reads attempt numbers; outbound calls keep their
-    /// attempts.
-    pub const fn new() -> Self {
-        SignalsLayer {
-            retries_call_once: false,
-        }
-    }
-
-    /// When `yes`, a request that is itself a retry (attempt 2 or later) makes its
-    /// outbound calls through stormguard's retry layer with one attempt only (a
-    /// transparent retry is still made) \[false\].
-    pub const fn retries_call_once(mut self, yes: bool) -> Self {
-        self.retries_call_once = yes;
-        self
-    }
-}
-
-impl<S> Layer<S> for SignalsLayer {
-    type Service = Signals<S>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        Signals {
-            inner,
-            retries_call_once: self.retries_call_once,
-        }
-    }
-}
-
 /// The service [`SignalsLayer`] makes.
 #[derive(Debug, Clone)]
 pub struct Signals<S> {
@@ -203,43 +167,7 @@ where
             gave_up: AtomicU8::new(0),
         });
         let future = INBOUND.sync_scope(inbound.clone(), || self.inner.call(req));
-        ResponseFuture {
-            future: INBOUND.scope(inbound.clone(), future),
-            inbound,
-        }
-    }
-}
-
-pin_project! {
-    /// The response future of [`Signals`]: the inner response, marked "do not retry"
-    /// when it failed after an outbound call gave up.
-    pub struct ResponseFuture<F> {
-        #[pin]
-        future: TaskLocalFuture<Arc<Inbound>, F>,
-        inbound: Arc<Inbound>,
-    }
-}
-
-impl<F> fmt::Debug for ResponseFuture<F> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ResponseFuture").finish_non_exhaustive()
-    }
-}
-
-impl<F, ResB, E> Future for ResponseFuture<F>
-where
-    F: Future<Output = Result<Response<ResB>, E>>,
-{
-    type Output = Result<Response<ResB>, E>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.project();
-        let mut result = std::task::ready!(this.future.poll(cx));
-        let gave_up = this.inbound.gave_up.load(Ordering::Relaxed);
-        if let (Ok(res), Some(why)) = (&mut result, give_up_of(gave_up)) {
-            mark(res, why);
-        }
-        Poll::Ready(result)
+        ResponseFuture::new(INBOUND.scope(inbound.clone(), future), inbound)
     }
 }
 
