@@ -12,14 +12,16 @@ use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioExecutor;
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 use stormguard::{BoxError, HedgeLayer, HedgePolicy};
-use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tower::util::BoxCloneService;
 use tower::{Service, ServiceBuilder, ServiceExt};
+
+#[path = "support/server.rs"]
+mod server;
 
 type Req = Request<Empty<Bytes>>;
 type Stack = BoxCloneService<Req, Response<Bytes>, BoxError>;
@@ -28,48 +30,36 @@ const REQUESTS: usize = 1000;
 const RATE_PER_SEC: f64 = 500.0;
 
 /// A server whose requests take 300 ms with probability `slow_percent`, else 2-5 ms;
-/// answering `status`. Returns its address, its request count and its task.
-async fn serve(
-    slow_percent: u32,
-    status: StatusCode,
-) -> (String, Arc<AtomicU64>, tokio::task::JoinHandle<()>) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
+/// answering `status`. Returns its address and its request count.
+async fn serve(slow_percent: u32, status: StatusCode) -> (String, Arc<AtomicU64>) {
     let served = Arc::new(AtomicU64::new(0));
     let count = served.clone();
     let rng = Arc::new(Mutex::new(SmallRng::seed_from_u64(7)));
-    let task = tokio::spawn(async move {
-        let mut connections = JoinSet::new();
-        while let Ok((stream, _)) = listener.accept().await {
-            let served = served.clone();
-            let rng = rng.clone();
-            let service = hyper::service::service_fn(move |_req: Request<Incoming>| {
-                served.fetch_add(1, Ordering::Relaxed);
-                let (slow, micros) = {
-                    let mut rng = rng.lock().unwrap_or_else(|e| e.into_inner());
-                    let slow = rng.random_range(0..100u32) < slow_percent;
-                    (slow, rng.random_range(2000..=5000u64))
+    let addr = server::serve(move || {
+        let served = served.clone();
+        let rng = rng.clone();
+        hyper::service::service_fn(move |_req: Request<Incoming>| {
+            served.fetch_add(1, Ordering::Relaxed);
+            let (slow, micros) = {
+                let mut rng = rng.lock().unwrap_or_else(|e| e.into_inner());
+                let slow = rng.random_range(0..100u32) < slow_percent;
+                (slow, rng.random_range(2000..=5000u64))
+            };
+            async move {
+                let delay = if slow {
+                    Duration::from_millis(300)
+                } else {
+                    Duration::from_micros(micros)
                 };
-                async move {
-                    let delay = if slow {
-                        Duration::from_millis(300)
-                    } else {
-                        Duration::from_micros(micros)
-                    };
-                    tokio::time::sleep(delay).await;
-                    let mut res = Response::new(Full::new(Bytes::from_static(b"ok")));
-                    *res.status_mut() = status;
-                    Ok::<_, Infallible>(res)
-                }
-            });
-            connections.spawn(async move {
-                let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
-            });
-        }
-    });
-    (format!("http://{addr}/"), count, task)
+                tokio::time::sleep(delay).await;
+                let mut res = Response::new(Full::new(Bytes::from_static(b"ok")));
+                *res.status_mut() = status;
+                Ok::<_, Infallible>(res)
+            }
+        })
+    })
+    .await;
+    (format!("http://{addr}/"), count)
 }
 
 fn client(
@@ -141,17 +131,15 @@ fn budget_share() -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hedging_cuts_the_slow_tail_within_the_budget() {
-    let (url, served, server) = serve(5, StatusCode::OK).await;
+    let (url, served) = serve(5, StatusCode::OK).await;
     let unhedged = drive(BoxCloneService::new(client()), &url, &served).await;
-    server.abort();
 
-    let (url, served, server) = serve(5, StatusCode::OK).await;
+    let (url, served) = serve(5, StatusCode::OK).await;
     let policy = HedgePolicy::default();
     let stack = ServiceBuilder::new()
         .layer(HedgeLayer::new(policy.clone()))
         .service(client());
     let hedged = drive(BoxCloneService::new(stack), &url, &served).await;
-    server.abort();
 
     eprintln!(
         "slow: {} unhedged, {} hedged; extra load {:.3}; {:?}",
@@ -184,7 +172,7 @@ async fn hedging_cuts_the_slow_tail_within_the_budget() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn when_everything_fails_hedging_adds_at_most_the_budget() {
-    let (url, served, server) = serve(0, StatusCode::SERVICE_UNAVAILABLE).await;
+    let (url, served) = serve(0, StatusCode::SERVICE_UNAVAILABLE).await;
     // A fixed delay: with nothing succeeding a percentile delay would never start.
     let policy = HedgePolicy::builder()
         .delay(Duration::from_millis(10))
@@ -194,7 +182,6 @@ async fn when_everything_fails_hedging_adds_at_most_the_budget() {
         .layer(HedgeLayer::new(policy.clone()))
         .service(client());
     let run = drive(BoxCloneService::new(stack), &url, &served).await;
-    server.abort();
     let stats = policy.stats();
     eprintln!("all 503: extra load {:.3}; {stats:?}", run.extra_load);
     assert!(stats.budget_denied > 0, "the budget ran out: {stats:?}");
