@@ -182,7 +182,10 @@ where
                 grpc,
             } => {
                 let result = std::task::ready!(future.poll(cx));
-                if policy.judge(*grpc, None, &result) == (Verdict::Final { success: true }) {
+                // Only a response can be a success: an error needs no judging.
+                if result.is_ok()
+                    && policy.judge(*grpc, None, &result) == (Verdict::Final { success: true })
+                {
                     let now = Instant::now();
                     policy.record(now.saturating_duration_since(*started), now);
                 }

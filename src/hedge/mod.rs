@@ -140,7 +140,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
 use http::{Request, Response};
-use stormguard_core::classify::{is_idempotent, GrpcCodeSet, Rules, StatusSet};
+use stormguard_core::classify::{GrpcCodeSet, Rules, StatusSet};
 use stormguard_core::hedge::{LatencyEstimator, LatencyEstimatorBuilder};
 use stormguard_core::methods::{GrpcHedgePolicy, MethodPolicy, MethodTable};
 use stormguard_core::{Class, ConfigError, RetryBudget};
@@ -148,7 +148,8 @@ use tower_service::Service;
 
 use crate::body::{NotReplayable, ReplayHandle};
 use crate::error_class::{as_std_error, classify_error, ErrorClass};
-use crate::{Idempotent, NoRetry, RetryPolicy};
+use crate::retry::{is_grpc, safe_to_repeat};
+use crate::{NoRetry, RetryPolicy};
 
 /// gRFC A6 caps hedging at five attempts.
 const MAX_ATTEMPTS: u32 = 5;
@@ -308,8 +309,7 @@ impl HedgePolicy {
     fn may_hedge<B>(&self, req: &Request<B>) -> bool {
         self.shared.max_attempts > 1
             && req.extensions().get::<NoRetry>().is_none()
-            && (is_idempotent(req.method(), req.headers())
-                || req.extensions().get::<Idempotent>().is_some())
+            && safe_to_repeat(req)
     }
 
     fn record(&self, latency: Duration, now: tokio::time::Instant) {
@@ -541,12 +541,6 @@ impl HedgePolicyBuilder {
     }
 }
 
-fn is_grpc<B>(req: &Request<B>) -> bool {
-    req.headers()
-        .get(http::header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
-}
-
 /// A service that hedges slow requests by a [`HedgePolicy`]; made by [`HedgeLayer`].
 ///
 /// # Clone
@@ -618,7 +612,8 @@ where
             self.policy.shared.budget.deposit(now.into_std());
         }
         add(&self.policy.counters().requests, 1);
-        let grpc = is_grpc(&req);
+        // A method of the table is gRPC; otherwise the content type says.
+        let grpc = method.is_some() || is_grpc(&req);
         let delay = match method {
             Some(hedge) => Some(hedge.delay),
             None => self.policy.delay(now),

@@ -402,10 +402,7 @@ impl RetryPolicy {
         max_attempts: u32,
     ) -> Result<Option<Duration>, GiveUp> {
         let shared = &*self.shared;
-        let safe = safe_for_any_method
-            || is_idempotent(req.method(), req.headers())
-            || req.extensions().get::<Idempotent>().is_some();
-        if !safe {
+        if !(safe_for_any_method || safe_to_repeat(req)) {
             return Err(GiveUp::NotIdempotent);
         }
         let max = if grpc {
@@ -840,6 +837,12 @@ impl RetryPolicyBuilder {
     }
 }
 
+/// Whether `req` may be sent more than once whatever its outcome: an idempotent method
+/// (RFC 9110), an `Idempotency-Key`, or the [`Idempotent`] extension.
+pub(crate) fn safe_to_repeat<B>(req: &Request<B>) -> bool {
+    is_idempotent(req.method(), req.headers()) || req.extensions().get::<Idempotent>().is_some()
+}
+
 /// The request's deadline: its [`Deadline`] extension, else its
 /// `grpc-timeout` counted from `now`.
 fn deadline_of<B>(req: &Request<B>, now: Instant) -> Option<Deadline> {
@@ -892,7 +895,8 @@ impl Future for Wait {
     }
 }
 
-fn is_grpc<B>(req: &Request<B>) -> bool {
+/// Whether `req` is a gRPC call, by its content type.
+pub(crate) fn is_grpc<B>(req: &Request<B>) -> bool {
     req.headers()
         .get(http::header::CONTENT_TYPE)
         .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
