@@ -250,8 +250,9 @@ struct Shared {
     budget: RetryBudget,
     throttle: Option<RetryThrottle>,
     rules: Rules,
-    /// Per-method limits of a gRPC service config, looked up by `:path` on failure.
-    methods: Option<MethodTable<Limits>>,
+    /// Per-method limits of a gRPC service config, looked up by `:path` on failure
+    /// (`None`: the method has no retry policy).
+    methods: Option<MethodTable<Option<Limits>>>,
     max_retry_after: Duration,
     max_replay_bytes: usize,
     seed: Option<u64>,
@@ -299,8 +300,8 @@ pub struct RetryPolicy {
     /// success never needs it).
     deadline: RequestDeadline,
     /// The request's random streams, made at its first retry. Boxed so that the policy,
-    /// which tower moves around with every request, stays three words on the success
-    /// path.
+    /// which tower moves around with every request, stays small (six words) on the
+    /// success path.
     streams: Option<Box<Streams>>,
 }
 
@@ -573,11 +574,17 @@ impl RetryPolicy {
             retryable_grpc_codes: shared.rules.retryable_grpc_codes,
         };
         match &shared.methods {
-            Some(methods) if grpc => methods.lookup(req.uri().path()).copied().unwrap_or(Limits {
-                max_attempts: 1,
-                retryable_grpc_codes: GrpcCodeSet::new(),
-                ..own
-            }),
+            Some(methods) if grpc => match methods.lookup(req.uri().path()) {
+                Some(Some(limits)) => *limits,
+                // No retry policy: no code is retryable, so a failure neither retries
+                // nor counts against A6's throttle (as grpc-go counts only retryable
+                // codes).
+                _ => Limits {
+                    max_attempts: 1,
+                    retryable_grpc_codes: GrpcCodeSet::new(),
+                    ..own
+                },
+            },
             _ => own,
         }
     }
@@ -646,7 +653,7 @@ pub struct RetryPolicyBuilder {
     budget: Option<RetryBudget>,
     throttle: Option<RetryThrottle>,
     rules: Rules,
-    methods: Option<MethodTable<Limits>>,
+    methods: Option<MethodTable<Option<Limits>>>,
     max_retry_after: Option<Duration>,
     max_replay_bytes: usize,
     seed: Option<u64>,
@@ -759,20 +766,13 @@ impl RetryPolicyBuilder {
     /// # Ok::<(), stormguard::ConfigError>(())
     /// ```
     pub fn grpc_methods(mut self, methods: &MethodTable<MethodPolicy>) -> Self {
-        let backoff = self.backoff;
         self.methods = Some(methods.map(|entry| match entry {
-            MethodPolicy::Retry(retry) => Limits {
+            MethodPolicy::Retry(retry) => Some(Limits {
                 max_attempts: retry.max_attempts,
                 backoff: retry.backoff,
                 retryable_grpc_codes: retry.codes,
-            },
-            // No retry policy: no code is retryable, so a failure neither retries nor
-            // counts against A6's throttle (as grpc-go counts only retryable codes).
-            _ => Limits {
-                max_attempts: 1,
-                backoff,
-                retryable_grpc_codes: GrpcCodeSet::new(),
-            },
+            }),
+            _ => None,
         }));
         self
     }
@@ -923,17 +923,21 @@ where
             }
         }
         let grpc = is_grpc(req);
-        self.read_deadline(req);
+        // The policy's attempts, backoff and codes, or the gRPC method's own.
+        let limits = self.limits(req, grpc);
         // Whether repeating the request is safe whatever its method: the failure proves
         // the application never saw it, or gRPC declared its code retryable (gRFC A6
         // leaves that judgement to the configured codes).
-        let (mut class, safe_for_any_method) = match result {
+        let (class, safe_for_any_method) = match result {
             Ok(res) if grpc => {
-                let class = self
-                    .shared
-                    .rules
-                    .classify_grpc_response(res.status(), res.headers());
-                (class, true)
+                let rules = Rules {
+                    retryable_grpc_codes: limits.retryable_grpc_codes,
+                    ..self.shared.rules
+                };
+                (
+                    rules.classify_grpc_response(res.status(), res.headers()),
+                    true,
+                )
             }
             Ok(res) => {
                 let rules = &self.shared.rules;
@@ -942,6 +946,7 @@ where
             }
             Err(err) => match classify_error(err) {
                 ErrorClass::Unprocessed if !self.transparent_used => {
+                    self.read_deadline(req);
                     return self.retry_transparently(req, grpc);
                 }
                 ErrorClass::Unprocessed | ErrorClass::NotSent => {
@@ -954,19 +959,6 @@ where
                 ErrorClass::Unknown => (Class::Permanent, false),
             },
         };
-        // A failure of a gRPC method with settings of its own: its codes decide.
-        let mut limits = None;
-        if grpc && self.shared.methods.is_some() && !matches!(class, Class::Success) {
-            let method = self.limits(req, grpc);
-            if let Ok(res) = result {
-                let rules = Rules {
-                    retryable_grpc_codes: method.retryable_grpc_codes,
-                    ..self.shared.rules
-                };
-                class = rules.classify_grpc_response(res.status(), res.headers());
-            }
-            limits = Some(method);
-        }
         self.count_attempt(class, result.is_ok());
         let attempts = self.attempts;
         let decision = match class {
@@ -975,17 +967,16 @@ where
             Class::DontRetry if grpc => Err(GiveUp::Pushback),
             Class::DontRetry => Err(GiveUp::DontRetry),
             Class::Retryable { after } => {
-                let max = limits
-                    .get_or_insert_with(|| self.limits(req, grpc))
-                    .max_attempts;
-                self.may_retry(req, grpc, safe_for_any_method, after, max)
+                self.may_retry(req, grpc, safe_for_any_method, after, limits.max_attempts)
             }
         };
-        let backoff = limits.map_or(self.shared.backoff, |l| l.backoff);
         let after = match decision {
             Ok(after) => after,
             Err(why) => return self.finish(result, attempts, Some(why)),
         };
+        // Read once a retry is in view, before any header of the request is rewritten.
+        self.read_deadline(req);
+        let backoff = limits.backoff;
         let delay = match after {
             Some(exact) if grpc => {
                 // gRFC A6: after the server's own wait, the backoff starts over.
