@@ -49,6 +49,8 @@ const REASONS: [GiveUp; 10] = [
 #[derive(Debug, Default)]
 pub(crate) struct RetryMetrics {
     handles: OnceLock<RetryHandles>,
+    /// The most attempts any request can make: one counter per attempt number.
+    max_attempts: u32,
     /// The budget's own name, when it has one: the label of its gauges.
     budget: Option<String>,
 }
@@ -67,19 +69,21 @@ struct RetryHandles {
 
 impl RetryMetrics {
     /// Handles for a policy drawing from a budget named `budget`, if it is.
-    pub(crate) fn new(budget: Option<&str>) -> Self {
+    /// Up to `max_attempts` per request (the policy's, or a gRPC method's if larger).
+    pub(crate) fn new(max_attempts: u32, budget: Option<&str>) -> Self {
         RetryMetrics {
             handles: OnceLock::new(),
+            max_attempts,
             budget: budget.map(str::to_owned),
         }
     }
 
-    fn handles(&self, service: &str, max_attempts: u32) -> &RetryHandles {
+    fn handles(&self, service: &str) -> &RetryHandles {
         self.handles.get_or_init(|| {
             let service = service.to_owned();
             let budget = self.budget.clone().unwrap_or_else(|| service.clone());
             RetryHandles {
-                attempts: (1..=max_attempts)
+                attempts: (1..=self.max_attempts)
                     .map(|n| {
                         metrics::counter!("retry_attempts_total",
                             "service" => service.clone(), "attempt_number" => n.to_string())
@@ -103,8 +107,8 @@ impl RetryMetrics {
     }
 
     /// Attempt number `n` (1 for a first try) was sent.
-    pub(crate) fn attempt(&self, service: &str, max_attempts: u32, n: u32) {
-        let handles = self.handles(service, max_attempts);
+    pub(crate) fn attempt(&self, service: &str, n: u32) {
+        let handles = self.handles(service);
         let index = usize::try_from(n.saturating_sub(1)).unwrap_or(usize::MAX);
         if let Some(counter) = handles.attempts.get(index) {
             counter.increment(1);
@@ -112,33 +116,21 @@ impl RetryMetrics {
     }
 
     /// A retry was scheduled after `delay`; `remaining` and `ratio` describe the budget.
-    pub(crate) fn retry(
-        &self,
-        service: &str,
-        max_attempts: u32,
-        delay: std::time::Duration,
-        budget: (u64, f64),
-    ) {
-        let handles = self.handles(service, max_attempts);
+    pub(crate) fn retry(&self, service: &str, delay: std::time::Duration, budget: (u64, f64)) {
+        let handles = self.handles(service);
         handles.delay.record(delay.as_secs_f64());
         handles.budget_remaining.set(budget.0 as f64);
         handles.ratio.set(budget.1);
     }
 
     /// A transparent retry was made.
-    pub(crate) fn transparent(&self, service: &str, max_attempts: u32) {
-        self.handles(service, max_attempts).transparent.increment(1);
+    pub(crate) fn transparent(&self, service: &str) {
+        self.handles(service).transparent.increment(1);
     }
 
     /// The layer gave up for `why`.
-    pub(crate) fn give_up(
-        &self,
-        service: &str,
-        max_attempts: u32,
-        why: GiveUp,
-        budget: (u64, f64),
-    ) {
-        let handles = self.handles(service, max_attempts);
+    pub(crate) fn give_up(&self, service: &str, why: GiveUp, budget: (u64, f64)) {
+        let handles = self.handles(service);
         if let Some(i) = REASONS.iter().position(|r| *r == why) {
             if let Some(counter) = handles.give_ups.get(i) {
                 counter.increment(1);
@@ -152,8 +144,8 @@ impl RetryMetrics {
     }
 
     /// A call ended after `retries` retries.
-    pub(crate) fn call_ended(&self, service: &str, max_attempts: u32, retries: u32) {
-        self.handles(service, max_attempts)
+    pub(crate) fn call_ended(&self, service: &str, retries: u32) {
+        self.handles(service)
             .retries_per_call
             .record(f64::from(retries));
     }

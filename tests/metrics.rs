@@ -1,6 +1,8 @@
 //! The `metrics` feature against a real Prometheus recorder, scraped over HTTP (its own
 //! test binary: the recorder is global to the process).
 
+#[path = "support/budget.rs"]
+mod budget;
 #[path = "../examples/metrics/demo.rs"]
 mod demo;
 
@@ -67,4 +69,70 @@ async fn the_series_reach_a_real_exporter() {
         "{scrape}"
     );
     assert!(value(&scrape, "circuit_breaker_state", &[dependency]).is_some());
+}
+
+/// A gRPC method may allow more attempts than the policy's own (3): each of its
+/// attempts is counted too. A recorder local to this thread, on paused time.
+#[test]
+fn attempts_past_the_policy_s_own_limit_by_a_grpc_method_are_counted() {
+    use std::time::Duration;
+
+    use stormguard::classify::GrpcCodeSet;
+    use stormguard::methods::{GrpcRetryPolicy, MethodPolicy, MethodTable};
+    use stormguard::{Attempts, Backoff, BoxError, Jitter, RetryLayer, RetryPolicy};
+    use tower::{ServiceBuilder, ServiceExt};
+
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("runtime");
+    let backoff = Backoff::new(
+        Duration::from_millis(1),
+        Duration::from_millis(10),
+        Jitter::Full,
+    )
+    .expect("backoff");
+    let retry = GrpcRetryPolicy::new(5, backoff, GrpcCodeSet::retryable_default()).expect("A6");
+    let mut methods = MethodTable::new();
+    methods.insert_service("s.S", MethodPolicy::Retry(retry));
+    let policy = RetryPolicy::builder()
+        .name("grpc")
+        .budget(budget::roomy())
+        .grpc_methods(&methods)
+        .build()
+        .expect("policy");
+    let attempts = metrics::with_local_recorder(&recorder, || {
+        runtime.block_on(async {
+            let unavailable = tower::service_fn(|_req: http::Request<String>| async {
+                let mut res = http::Response::new(String::new());
+                res.headers_mut()
+                    .insert("grpc-status", http::HeaderValue::from_static("14"));
+                Ok::<_, BoxError>(res)
+            });
+            let call = http::Request::post("http://upstream/s.S/M")
+                .header("content-type", "application/grpc")
+                .body(String::new())
+                .expect("request");
+            let stack = ServiceBuilder::new()
+                .layer(RetryLayer::new(policy))
+                .service(unavailable);
+            stack.oneshot(call).await.map(|res| Attempts::of(&res))
+        })
+    });
+    assert_eq!(attempts.expect("a response"), 5);
+    let scrape = handle.render();
+    for n in ["1", "2", "3", "4", "5"] {
+        assert_eq!(
+            value(
+                &scrape,
+                "retry_attempts_total",
+                &[("service", "grpc"), ("attempt_number", n)]
+            ),
+            Some(1.0),
+            "attempt {n}: {scrape}"
+        );
+    }
 }

@@ -465,9 +465,7 @@ impl RetryPolicy {
         }
         bump(&self.shared.counters.transparent_retries);
         #[cfg(feature = "metrics")]
-        self.shared
-            .metrics
-            .transparent(&self.shared.name, self.shared.max_attempts);
+        self.shared.metrics.transparent(&self.shared.name);
         tracing::debug!(
             target: "stormguard::retry",
             attempt = self.attempts + 1,
@@ -509,11 +507,9 @@ impl RetryPolicy {
             self.give_up(why, attempts);
         }
         #[cfg(feature = "metrics")]
-        self.shared.metrics.call_ended(
-            &self.shared.name,
-            self.shared.max_attempts,
-            attempts.saturating_sub(1),
-        );
+        self.shared
+            .metrics
+            .call_ended(&self.shared.name, attempts.saturating_sub(1));
         None
     }
 
@@ -533,12 +529,9 @@ impl RetryPolicy {
 
     fn give_up(&self, why: GiveUp, attempts: u32) {
         #[cfg(feature = "metrics")]
-        self.shared.metrics.give_up(
-            &self.shared.name,
-            self.shared.max_attempts,
-            why,
-            self.budget_view(),
-        );
+        self.shared
+            .metrics
+            .give_up(&self.shared.name, why, self.budget_view());
         let c = &self.shared.counters;
         match why {
             GiveUp::Exhausted => bump(&c.exhausted),
@@ -819,7 +812,14 @@ impl RetryPolicyBuilder {
                 max_retry_after: self.max_retry_after.unwrap_or(self.backoff.cap()),
                 backoff: self.backoff,
                 #[cfg(feature = "metrics")]
-                metrics: crate::metrics::RetryMetrics::new(budget.name()),
+                metrics: crate::metrics::RetryMetrics::new(
+                    self.methods
+                        .iter()
+                        .flat_map(|methods| methods.values().flatten())
+                        .map(|limits| limits.max_attempts.min(GRPC_MAX_ATTEMPTS))
+                        .fold(self.max_attempts, u32::max),
+                    budget.name(),
+                ),
                 budget,
                 throttle: self.throttle,
                 rules: self.rules,
@@ -1008,8 +1008,8 @@ where
         {
             let (shared, view) = (&self.shared, self.budget_view());
             let metrics = &shared.metrics;
-            metrics.attempt(&shared.name, shared.max_attempts, attempts + 1);
-            metrics.retry(&shared.name, shared.max_attempts, delay, view);
+            metrics.attempt(&shared.name, attempts + 1);
+            metrics.retry(&shared.name, delay, view);
         }
         let status = result.as_ref().ok().map(|res| res.status().as_u16());
         tracing::info!(
@@ -1027,9 +1027,7 @@ where
         if self.attempts == 0 && !self.transparent_used {
             bump(&self.shared.counters.requests);
             #[cfg(feature = "metrics")]
-            self.shared
-                .metrics
-                .attempt(&self.shared.name, self.shared.max_attempts, 1);
+            self.shared.metrics.attempt(&self.shared.name, 1);
             let now = tokio::time::Instant::now().into_std();
             self.shared.budget.deposit(now);
             // Sent once whatever happens: no copy to keep.
