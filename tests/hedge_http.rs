@@ -86,8 +86,8 @@ struct Run {
     extra_load: f64,
 }
 
-/// Sends `REQUESTS` GETs at a steady rate through `stack` (bounded: at most 2000 in
-/// flight, each given at most 10 s) and counts.
+/// Sends `REQUESTS` GETs at a steady rate through `stack` (bounded: `REQUESTS` in all,
+/// each given at most 10 s) and counts.
 async fn drive(stack: Stack, url: &str, served: &AtomicU64) -> Run {
     let mut ticker = tokio::time::interval(Duration::from_secs_f64(1.0 / RATE_PER_SEC));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
@@ -114,9 +114,18 @@ async fn drive(stack: Stack, url: &str, served: &AtomicU64) -> Run {
             slow += 1;
         }
     }
-    // Cancelled copies that were on their way have arrived by now.
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let extra = served.load(Ordering::Relaxed) as f64 - REQUESTS as f64;
+    // Cancelled copies still on their way count too: wait until the server's count
+    // stops moving (two reads 10 ms apart agree), for at most a second.
+    let mut count = served.load(Ordering::Relaxed);
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let now = served.load(Ordering::Relaxed);
+        if now == count {
+            break;
+        }
+        count = now;
+    }
+    let extra = count as f64 - REQUESTS as f64;
     Run {
         slow,
         extra_load: extra / REQUESTS as f64,

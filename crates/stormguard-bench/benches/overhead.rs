@@ -228,10 +228,7 @@ fn h2_server(rt: &Runtime) -> std::net::SocketAddr {
         .expect("bind");
     let addr = listener.local_addr().expect("address");
     rt.spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                continue;
-            };
+        while let Ok((stream, _)) = listener.accept().await {
             let _ = stream.set_nodelay(true);
             tokio::spawn(async move {
                 let service = hyper::service::service_fn(|req: Request<Incoming>| async move {

@@ -137,7 +137,8 @@ struct State {
     withdrawals: Ring<{ WITHDRAWAL_BUCKETS as usize }>,
 }
 
-/// Counts per epoch: each bucket packs its epoch (low 32 bits) and a count.
+/// Counts per epoch: each bucket packs the low bits of its epoch (the high 32 bits of the
+/// word) and a count (the low 31 bits; the bit above them seals the bucket).
 struct Ring<const N: usize>([AtomicU64; N]);
 
 impl<const N: usize> Ring<N> {

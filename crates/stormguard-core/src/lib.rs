@@ -7,8 +7,9 @@
 //! ([`RetryBudget`]) and whether the dependency is taking calls at all
 //! ([`breaker::Breaker`]), when a slow request deserves a hedge
 //! ([`hedge::LatencyEstimator`]), how long a retry may still wait ([`deadline`]), and
-//! what a queue consumer tells its broker after a delivery ([`redelivery`]). Nothing
-//! here reads a clock, spawns a task or depends on
+//! what a queue consumer tells its broker after a delivery ([`redelivery`]). No
+//! decision here reads a clock (a budget notes the instant it was made, as the origin
+//! of its epochs; everything else takes `now`), spawns a task or depends on
 //! tokio or tower, so the same rules serve the Tower middleware, a queue consumer
 //! that lets its broker hold the backoff, and a simulator running on virtual time.
 //!
