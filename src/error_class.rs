@@ -124,11 +124,17 @@ pub(crate) fn as_std_error<E: 'static>(err: &E) -> Option<&(dyn Error + 'static)
     None
 }
 
+/// `err`, then each of its sources in turn.
+pub(crate) fn sources<'a>(
+    err: &'a (dyn Error + 'static),
+) -> impl Iterator<Item = &'a (dyn Error + 'static)> {
+    std::iter::successors(Some(err), |err: &&'a (dyn Error + 'static)| (*err).source())
+}
+
 /// Walks `err` and its sources; the deepest recognised cause wins.
 pub(crate) fn classify_chain(err: &(dyn Error + 'static)) -> ErrorClass {
     let mut class = ErrorClass::Unknown;
-    let mut next = Some(err);
-    while let Some(err) = next {
+    for err in sources(err) {
         if let Some(found) = classify_one(err) {
             if matches!(
                 found,
@@ -138,7 +144,6 @@ pub(crate) fn classify_chain(err: &(dyn Error + 'static)) -> ErrorClass {
             }
             class = found;
         }
-        next = err.source();
     }
     class
 }

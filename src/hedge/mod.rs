@@ -147,7 +147,7 @@ use stormguard_core::{Class, ConfigError, RetryBudget};
 use tower_service::Service;
 
 use crate::body::{NotReplayable, ReplayHandle};
-use crate::error_class::{as_std_error, classify_error, ErrorClass};
+use crate::error_class::{as_std_error, classify_error, sources, ErrorClass};
 use crate::retry::{is_grpc, safe_to_repeat};
 use crate::{NoRetry, RetryPolicy};
 
@@ -369,16 +369,8 @@ impl HedgePolicy {
 /// Whether `err` is, or was caused by, a replayed body that had nothing whole to
 /// replay: the hedge's body, not the server, failed.
 fn is_not_replayable<E: 'static>(err: &E) -> bool {
-    let mut next = as_std_error(err);
     // Bounded: error chains are finite, and no real one is this deep.
-    for _ in 0..64 {
-        let Some(err) = next else { return false };
-        if err.is::<NotReplayable>() {
-            return true;
-        }
-        next = err.source();
-    }
-    false
+    as_std_error(err).is_some_and(|err| sources(err).take(64).any(|e| e.is::<NotReplayable>()))
 }
 
 /// Builds a [`HedgePolicy`]; every setting has a default.
