@@ -282,12 +282,27 @@ where
             self.stop(Stop::Budget);
             return false;
         }
-        let mut copy = next.copy.clone();
-        if self.grpc {
-            copy.headers_mut()
-                .insert(GRPC_PREVIOUS_RPC_ATTEMPTS, HeaderValue::from(self.sent));
-        }
-        let future = next.service.call(copy);
+        let stamp = |mut copy: Request<B>| {
+            if self.grpc {
+                copy.headers_mut()
+                    .insert(GRPC_PREVIOUS_RPC_ATTEMPTS, HeaderValue::from(self.sent));
+            }
+            copy
+        };
+        let future = if self.sent + 1 >= self.max_attempts {
+            // The last hedge takes the kept request itself: no copy to make.
+            let Some(Next {
+                mut service, copy, ..
+            }) = self.next.take()
+            else {
+                return false;
+            };
+            service.call(stamp(copy))
+        } else {
+            next.due = false;
+            next.sleep.as_mut().reset(now + self.delay);
+            next.service.call(stamp(next.copy.clone()))
+        };
         self.attempts.push(Attempt {
             future: Box::pin(future),
             started: now,
@@ -301,12 +316,6 @@ where
             delay_ms = u64::try_from(self.delay.as_millis()).unwrap_or(u64::MAX),
             "hedge sent"
         );
-        if self.sent >= self.max_attempts {
-            self.next = None;
-        } else {
-            next.due = false;
-            next.sleep.as_mut().reset(now + self.delay);
-        }
         true
     }
 
