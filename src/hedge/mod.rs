@@ -11,7 +11,7 @@
 //!
 //! - **Only requests that are safe to send twice**, by the retry layer's rules: an
 //!   idempotent method (GET, HEAD, OPTIONS, TRACE, PUT, DELETE), an `Idempotency-Key`
-//!   header, or the [`Idempotent`] extension. A POST without a key is
+//!   header, or the [`Idempotent`](crate::Idempotent) extension. A POST without a key is
 //!   never hedged, nor is a request carrying [`NoRetry`]. gRPC calls
 //!   are POSTs: a method that is safe to hedge (gRFC A6 leaves that to its owner) says
 //!   so with the `Idempotent` extension.
