@@ -17,7 +17,7 @@ static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
 #[path = "support/stacks.rs"]
 mod stacks;
 
-use stacks::{realistic_request, request, upstream, NeverRetry, Req, Res, UPSTREAM};
+use stacks::{realistic_request, request, upstream, NeverRetry, Req, Res, TpsPolicy, UPSTREAM};
 
 /// Builds a fresh request for each call.
 type MakeRequest = fn() -> Req;
@@ -66,6 +66,13 @@ fn the_success_path_allocates_no_more_than_towers_retry() {
                 .layer(tower::retry::RetryLayer::new(NeverRetry))
                 .service(upstream()),
         );
+        let tower_tps = allocations_per_call(
+            &rt,
+            make,
+            ServiceBuilder::new()
+                .layer(tower::retry::RetryLayer::new(TpsPolicy::new()))
+                .service(upstream()),
+        );
         let retry = allocations_per_call(
             &rt,
             make,
@@ -84,7 +91,8 @@ fn the_success_path_allocates_no_more_than_towers_retry() {
         );
         println!(
             "{name} request, allocations per call: bare {bare}, tower_retry {tower_retry}, \
-             stormguard retry {retry}, stormguard retry+breaker {retry_breaker}"
+             tower_retry_tps_budget {tower_tps}, stormguard retry {retry}, \
+             stormguard retry+breaker {retry_breaker}"
         );
         // Building the request allocates: zeros here would mean the allocator counts
         // nothing, and the comparisons below would pass vacuously.

@@ -1,13 +1,17 @@
-//! The success-path setup shared by `crates/stormguard-bench/benches/overhead.rs` and
-//! `tests/allocations.rs`: one request type, two requests (a bare one and a realistic
-//! one), an always-200 upstream, and tower's least retry policy.
+//! The success-path setup shared by `crates/stormguard-bench/benches/overhead.rs`,
+//! `crates/stormguard-bench/benches/ratio.rs` and `tests/allocations.rs`: one request type, two requests (a bare one and a realistic
+//! one), an always-200 upstream, tower's least retry policy, and a tower policy with
+//! tower's `TpsBudget`.
 
 use std::future::{ready, Ready};
+use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue};
 use http::{Method, Request, Response};
 use http_body_util::Full;
+use tower::retry::budget::{Budget, TpsBudget};
 use tower::retry::Policy;
 use tower::{service_fn, BoxError, Service};
 
@@ -80,6 +84,47 @@ impl<B, E> Policy<Req, Response<B>, E> for NeverRetry {
 
     fn retry(&mut self, _: &mut Req, _: &mut Result<Response<B>, E>) -> Option<Self::Future> {
         None
+    }
+
+    fn clone_request(&mut self, req: &Req) -> Option<Req> {
+        Some(req.clone())
+    }
+}
+
+/// A tower policy as users write one with `TpsBudget`: deposit for every request that
+/// succeeded, withdraw for every retry.
+#[derive(Clone)]
+pub(crate) struct TpsPolicy {
+    budget: Arc<TpsBudget>,
+    attempts: u32,
+}
+
+impl TpsPolicy {
+    /// 10% over 10 s and a floor of 1 retry/s, as stormguard's default budget (but for
+    /// its floor of 1 retry per window).
+    pub(crate) fn new() -> Self {
+        TpsPolicy {
+            budget: Arc::new(TpsBudget::new(Duration::from_secs(10), 1, 0.1)),
+            attempts: 0,
+        }
+    }
+}
+
+impl<B, E> Policy<Req, Response<B>, E> for TpsPolicy {
+    type Future = tokio::time::Sleep;
+
+    fn retry(&mut self, _: &mut Req, result: &mut Result<Response<B>, E>) -> Option<Self::Future> {
+        match result {
+            Ok(res) if !res.status().is_server_error() => {
+                self.budget.deposit();
+                None
+            }
+            _ if self.attempts >= 2 || !self.budget.withdraw() => None,
+            _ => {
+                self.attempts += 1;
+                Some(tokio::time::sleep(Duration::from_millis(200)))
+            }
+        }
     }
 
     fn clone_request(&mut self, req: &Req) -> Option<Req> {

@@ -11,7 +11,9 @@
 //!   response body read to its end: the layers' cost as a share of a real call.
 //!
 //! `cargo bench -p stormguard-bench --bench overhead` (or `-- --quick` for a short run).
-//! The bench crate builds tokio without `test-util`, as a user's build does.
+//! The bench crate builds tokio without `test-util`, as a user's build does. The ratios
+//! to tower are measured more steadily by `--bench ratio`, which interleaves the stacks
+//! and measures in several processes.
 
 use std::convert::Infallible;
 use std::hint::black_box;
@@ -27,57 +29,14 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use stormguard::{CircuitBreaker, CircuitBreakerLayer, RetryLayer, RetryPolicy};
 use tokio::runtime::Runtime;
-use tower::retry::budget::{Budget, TpsBudget};
-use tower::retry::Policy;
 use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
 
 #[path = "../../../tests/support/stacks.rs"]
 mod stacks;
 
-use stacks::{realistic_request, request, upstream, NeverRetry, Req, UPSTREAM};
+use stacks::{realistic_request, request, upstream, NeverRetry, Req, TpsPolicy, UPSTREAM};
 
 type Group<'a> = BenchmarkGroup<'a, criterion::measurement::WallTime>;
-
-/// A tower policy as users write one with `TpsBudget`: deposit for every request that
-/// succeeded, withdraw for every retry.
-#[derive(Clone)]
-struct TpsPolicy {
-    budget: std::sync::Arc<TpsBudget>,
-    attempts: u32,
-}
-
-impl TpsPolicy {
-    /// 10% over 10 s and a floor of 1 retry/s, as stormguard's default budget (but for
-    /// its floor of 1 retry per window).
-    fn new() -> Self {
-        TpsPolicy {
-            budget: std::sync::Arc::new(TpsBudget::new(Duration::from_secs(10), 1, 0.1)),
-            attempts: 0,
-        }
-    }
-}
-
-impl<B, E> Policy<Req, Response<B>, E> for TpsPolicy {
-    type Future = tokio::time::Sleep;
-
-    fn retry(&mut self, _: &mut Req, result: &mut Result<Response<B>, E>) -> Option<Self::Future> {
-        match result {
-            Ok(res) if !res.status().is_server_error() => {
-                self.budget.deposit();
-                None
-            }
-            _ if self.attempts >= 2 || !self.budget.withdraw() => None,
-            _ => {
-                self.attempts += 1;
-                Some(tokio::time::sleep(Duration::from_millis(200)))
-            }
-        }
-    }
-
-    fn clone_request(&mut self, req: &Req) -> Option<Req> {
-        Some(req.clone())
-    }
-}
 
 fn runtime() -> Runtime {
     tokio::runtime::Builder::new_current_thread()

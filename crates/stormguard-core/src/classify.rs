@@ -257,7 +257,10 @@ impl fmt::Debug for GrpcCodeSet {
 /// The `grpc-status` of a response whose headers carry one (a trailers-only response),
 /// or `None` when there is none or it is not a number.
 pub fn grpc_status(headers: &HeaderMap) -> Option<i32> {
-    let value = headers.get(GRPC_STATUS)?.to_str().ok()?;
+    // A static, not the `const`: a `const` name is built and dropped at every use, and
+    // this lookup is on every response's path.
+    static NAME: HeaderName = GRPC_STATUS;
+    let value = headers.get(&NAME)?.to_str().ok()?;
     if value.is_empty() || !value.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
