@@ -23,7 +23,8 @@ pub use config::{Config, Dependency};
 pub use error_class::Unprocessed;
 pub use hedge::{Hedge, HedgeLayer, HedgePolicy, HedgePolicyBuilder, HedgeStats};
 pub use retry::{
-    Attempts, GiveUp, Idempotent, NoRetry, RetryLayer, RetryPolicy, RetryPolicyBuilder, RetryStats,
+    Attempts, GiveUp, Idempotent, NoRetry, Retry, RetryLayer, RetryPolicy, RetryPolicyBuilder,
+    RetryStats,
 };
 pub use stormguard_core::{
     backoff, budget, classify, deadline, deadline::Deadline, methods, redelivery, retry_after,

@@ -10,7 +10,7 @@ use stormguard::{
 };
 use tokio::task::JoinHandle;
 use tokio::time::{advance, Instant};
-use tower::{BoxError, ServiceBuilder, ServiceExt};
+use tower::{BoxError, Layer, ServiceBuilder, ServiceExt};
 use tower_test::mock::{self, Handle};
 
 #[path = "support/budget.rs"]
@@ -791,4 +791,64 @@ async fn a_transparent_retry_honours_the_deadline_and_rewrites_grpc_timeout() {
     finished(call).await.expect_err("past the deadline");
     assert_nothing_sent(&mut upstream).await;
     assert_eq!(policy.stats().deadline, 1);
+}
+
+/// A service answering from a shared script of statuses, counting its clones.
+struct Scripted {
+    statuses: std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<u16>>>,
+    clones: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Clone for Scripted {
+    fn clone(&self) -> Self {
+        self.clones
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Scripted {
+            statuses: self.statuses.clone(),
+            clones: self.clones.clone(),
+        }
+    }
+}
+
+impl tower::Service<Request<String>> for Scripted {
+    type Response = Response<String>;
+    type Error = BoxError;
+    type Future = std::future::Ready<Outcome>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), BoxError>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: Request<String>) -> Self::Future {
+        let code = self.statuses.lock().expect("script").pop_front();
+        std::future::ready(Ok(status(code.unwrap_or(200))))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_inner_service_is_cloned_only_for_a_request_that_retries() {
+    use std::sync::atomic::Ordering::SeqCst;
+    use tower::Service;
+    let inner = Scripted {
+        statuses: Default::default(),
+        clones: Default::default(),
+    };
+    let (statuses, clones) = (inner.statuses.clone(), inner.clones.clone());
+    let mut client = RetryLayer::new(policy().build().expect("policy")).layer(inner);
+    let made = clones.load(SeqCst);
+    for _ in 0..10 {
+        let response = client.ready().await.expect("ready").call(get()).await;
+        assert_eq!(response.expect("response").status(), StatusCode::OK);
+    }
+    // tower's `Retry` would have cloned it for each of the ten calls.
+    assert_eq!(clones.load(SeqCst), made, "a success clones nothing");
+
+    statuses.lock().expect("script").extend([503, 503]);
+    let response = client.ready().await.expect("ready").call(get()).await;
+    let response = response.expect("response");
+    assert_eq!(Attempts::of(&response), 3);
+    assert_eq!(clones.load(SeqCst), made + 1, "one clone for both retries");
 }

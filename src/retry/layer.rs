@@ -3,11 +3,10 @@ use std::marker::PhantomData;
 use std::task::{Context, Poll};
 
 use http::Request;
-use tower::retry::Retry;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use super::RetryPolicy;
+use super::{Retry, RetryPolicy};
 use crate::body::ReplayBody;
 
 /// Marker for a [`RetryLayer`] that clones request bodies (they must be `Clone`).
@@ -24,7 +23,7 @@ pub struct ReplayBodies;
 /// circuit breaker (whose fail-fast errors it never retries) and above the per-attempt
 /// timeout (so a stalled attempt becomes a retry).
 ///
-/// `RetryLayer::new` makes [`tower::retry::Retry`] services, which clone each request
+/// `RetryLayer::new` makes [`Retry`] services, which clone each request
 /// body: right for `String`, `Full<Bytes>`, `Empty` and other `Clone` bodies, at no
 /// buffering cost. For streaming bodies (tonic's, hyper's `Incoming`) use
 /// [`replay_bodies`](RetryLayer::replay_bodies): the inner service then receives
@@ -103,15 +102,15 @@ impl<M> fmt::Debug for RetryLayer<M> {
     }
 }
 
-impl<S> Layer<S> for RetryLayer<CloneBodies> {
-    type Service = Retry<RetryPolicy, S>;
+impl<S: Clone> Layer<S> for RetryLayer<CloneBodies> {
+    type Service = Retry<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
         Retry::new(self.policy.clone(), inner)
     }
 }
 
-impl<S> Layer<S> for RetryLayer<ReplayBodies> {
+impl<S: Clone> Layer<S> for RetryLayer<ReplayBodies> {
     type Service = ReplayRetry<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
@@ -127,16 +126,16 @@ impl<S> Layer<S> for RetryLayer<ReplayBodies> {
 #[derive(Clone, Debug)]
 pub struct ReplayRetry<S> {
     max_bytes: usize,
-    retry: Retry<RetryPolicy, S>,
+    retry: Retry<S>,
 }
 
 impl<S, B> Service<Request<B>> for ReplayRetry<S>
 where
-    Retry<RetryPolicy, S>: Service<Request<ReplayBody<B>>>,
+    Retry<S>: Service<Request<ReplayBody<B>>>,
 {
-    type Response = <Retry<RetryPolicy, S> as Service<Request<ReplayBody<B>>>>::Response;
-    type Error = <Retry<RetryPolicy, S> as Service<Request<ReplayBody<B>>>>::Error;
-    type Future = <Retry<RetryPolicy, S> as Service<Request<ReplayBody<B>>>>::Future;
+    type Response = <Retry<S> as Service<Request<ReplayBody<B>>>>::Response;
+    type Error = <Retry<S> as Service<Request<ReplayBody<B>>>>::Error;
+    type Future = <Retry<S> as Service<Request<ReplayBody<B>>>>::Future;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.retry.poll_ready(cx)

@@ -70,9 +70,12 @@
 //! rather than returning it to the pool; over HTTP/2 only that stream is reset and the
 //! connection stays. Nothing leaks either way.
 
+pub mod future;
 mod layer;
+mod service;
 
 pub use layer::{CloneBodies, ReplayBodies, ReplayRetry, RetryLayer};
+pub use service::Retry;
 
 use std::fmt;
 use std::future::Future;
@@ -262,6 +265,32 @@ struct Shared {
     metrics: crate::metrics::RetryMetrics,
 }
 
+impl Shared {
+    /// Records a request's first send at `now`: counted, and paid into the budget.
+    fn first_send(&self, now: Instant) {
+        bump(&self.counters.requests);
+        #[cfg(feature = "metrics")]
+        self.metrics.attempt(&self.name, 1);
+        self.budget.deposit(now);
+    }
+
+    /// Records a request whose first attempt succeeded: the throttle's success, and
+    /// its end in the metrics.
+    fn first_attempt_succeeded(&self) {
+        if let Some(throttle) = &self.throttle {
+            throttle.record_success();
+        }
+        #[cfg(feature = "metrics")]
+        self.metrics.call_ended(&self.name, 0);
+    }
+}
+
+/// Whether `res` is a success whatever the request: a 2xx without `grpc-status` is one
+/// to the gRPC rules and the HTTP rules alike.
+fn plain_success<B>(res: &Response<B>) -> bool {
+    res.status().is_success() && grpc_status(res.headers()).is_none()
+}
+
 /// The retry decisions for HTTP and gRPC requests, as a [`tower::retry::Policy`].
 ///
 /// `RetryPolicy::default()`: 3 attempts, full-jitter backoff from 200 ms to 20 s, a
@@ -391,6 +420,18 @@ impl RetryPolicy {
     /// The most bytes of a streaming body kept for replay.
     pub fn max_replay_bytes(&self) -> usize {
         self.shared.max_replay_bytes
+    }
+
+    /// This policy's copy for a request first sent at `sent`, as
+    /// [`clone_request`](tower::retry::Policy::clone_request) leaves it.
+    fn sent_at(&self, sent: Instant) -> RetryPolicy {
+        RetryPolicy {
+            shared: Arc::clone(&self.shared),
+            attempts: 0,
+            transparent_used: false,
+            deadline: RequestDeadline::SentAt(sent),
+            streams: None,
+        }
     }
 
     /// The checks after a retryable outcome, in order; `Ok` holds the server's hint.
@@ -914,13 +955,10 @@ where
         req: &mut Request<B>,
         result: &mut Result<Response<ResB>, E>,
     ) -> Option<Wait> {
-        if let Ok(res) = result {
-            // A 2xx without `grpc-status` is a success to the gRPC rules and the HTTP
-            // rules alike: nothing else about the request or the response matters.
-            if res.status().is_success() && grpc_status(res.headers()).is_none() {
-                self.count_attempt(Class::Success, true);
-                return self.finish(result, self.attempts, None);
-            }
+        if result.as_ref().is_ok_and(plain_success) {
+            // Nothing else about the request or the response matters.
+            self.count_attempt(Class::Success, true);
+            return self.finish(result, self.attempts, None);
         }
         let grpc = is_grpc(req);
         // The policy's attempts, backoff and codes, or the gRPC method's own.
@@ -1025,11 +1063,8 @@ where
 
     fn clone_request(&mut self, req: &Request<B>) -> Option<Request<B>> {
         if self.attempts == 0 && !self.transparent_used {
-            bump(&self.shared.counters.requests);
-            #[cfg(feature = "metrics")]
-            self.shared.metrics.attempt(&self.shared.name, 1);
             let now = tokio::time::Instant::now().into_std();
-            self.shared.budget.deposit(now);
+            self.shared.first_send(now);
             // Sent once whatever happens: no copy to keep.
             if req.extensions().get::<NoRetry>().is_some() {
                 return None;

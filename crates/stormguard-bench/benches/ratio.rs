@@ -153,6 +153,16 @@ fn stacks(make: MakeRequest) -> Vec<(&'static str, Batch)> {
             ),
         ),
         (
+            "tower_retry_tps_budget + shared-state floor",
+            batch(
+                ServiceBuilder::new()
+                    .layer(tower::retry::RetryLayer::new(TpsPolicy::new()))
+                    .layer(SharedStateLayer::default())
+                    .service(upstream()),
+                make,
+            ),
+        ),
+        (
             "stormguard_retry + shared-state floor",
             batch(
                 ServiceBuilder::new()

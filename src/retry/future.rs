@@ -1,0 +1,159 @@
+//! The response future of [`Retry`](super::Retry).
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use std::time::Instant;
+
+use http::{Request, Response};
+use pin_project_lite::pin_project;
+use tower::retry::Policy;
+use tower_service::Service;
+
+use super::service::Core;
+use super::{plain_success, RetryPolicy, Wait};
+
+pin_project! {
+    /// The response of a call through [`Retry`](super::Retry): the first attempt, then
+    /// each retry the policy decides on, after its wait, until an outcome is handed
+    /// back.
+    pub struct ResponseFuture<S, B>
+    where
+        S: Service<Request<B>>,
+    {
+        core: Arc<Core<S>>,
+        // The copy of the request to send next, if there may be a next.
+        copy: Option<Request<B>>,
+        // When the request was first sent.
+        sent: Instant,
+        // The request's own policy, made at its first outcome that is not a plain
+        // success (most requests never need one).
+        policy: Option<Box<RetryPolicy>>,
+        // The service the request's retries go through, made at its first retry.
+        retries: Option<S>,
+        #[pin]
+        state: State<S::Future>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<F> {
+        // An attempt is in flight.
+        Called {
+            #[pin]
+            future: F,
+        },
+        // The wait before the next attempt.
+        Waiting {
+            #[pin]
+            wait: Wait,
+        },
+        // Waiting for the service to be ready for the next attempt.
+        Retrying,
+    }
+}
+
+impl<S, B> ResponseFuture<S, B>
+where
+    S: Service<Request<B>>,
+{
+    pub(super) fn new(
+        core: Arc<Core<S>>,
+        copy: Option<Request<B>>,
+        sent: Instant,
+        future: S::Future,
+    ) -> Self {
+        ResponseFuture {
+            core,
+            copy,
+            sent,
+            policy: None,
+            retries: None,
+            state: State::Called { future },
+        }
+    }
+}
+
+impl<S, B> fmt::Debug for ResponseFuture<S, B>
+where
+    S: Service<Request<B>>,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.state {
+            State::Called { .. } => "called",
+            State::Waiting { .. } => "waiting",
+            State::Retrying => "retrying",
+        };
+        f.debug_struct("ResponseFuture")
+            .field(
+                "policy",
+                self.policy.as_deref().unwrap_or(&self.core.policy),
+            )
+            .field("state", &state)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, B, ResB> Future for ResponseFuture<S, B>
+where
+    S: Service<Request<B>, Response = Response<ResB>> + Clone,
+    S::Error: 'static,
+    B: Clone,
+{
+    type Output = Result<Response<ResB>, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                StateProj::Called { future } => {
+                    let mut result = ready!(future.poll(cx));
+                    let Some(copy) = this.copy.as_mut() else {
+                        return Poll::Ready(result);
+                    };
+                    let policy = match this.policy {
+                        Some(policy) => policy,
+                        None if result.as_ref().is_ok_and(plain_success) => {
+                            this.core.policy.shared.first_attempt_succeeded();
+                            return Poll::Ready(result);
+                        }
+                        None => this
+                            .policy
+                            .insert(Box::new(this.core.policy.sent_at(*this.sent))),
+                    };
+                    match Policy::<Request<B>, Response<ResB>, S::Error>::retry(
+                        &mut **policy,
+                        copy,
+                        &mut result,
+                    ) {
+                        Some(wait) => this.state.set(State::Waiting { wait }),
+                        None => return Poll::Ready(result),
+                    }
+                }
+                StateProj::Waiting { wait } => {
+                    ready!(wait.poll(cx));
+                    this.state.set(State::Retrying);
+                }
+                StateProj::Retrying => {
+                    let core = &**this.core;
+                    let retries = this.retries.get_or_insert_with(|| core.service());
+                    ready!(retries.poll_ready(cx))?;
+                    // The policy asked for a retry, which it does only with a copy.
+                    let (Some(request), Some(policy)) = (this.copy.take(), this.policy.as_mut())
+                    else {
+                        unreachable!("a retry without a copy of the request");
+                    };
+                    *this.copy = Policy::<Request<B>, Response<ResB>, S::Error>::clone_request(
+                        &mut **policy,
+                        &request,
+                    );
+                    let future = retries.call(request);
+                    this.state.set(State::Called { future });
+                }
+            }
+        }
+    }
+}

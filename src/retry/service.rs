@@ -1,0 +1,133 @@
+//! The retrying service, [`Retry`].
+
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+
+use http::{Request, Response};
+use tower_service::Service;
+
+use super::future::ResponseFuture;
+use super::{NoRetry, RetryPolicy};
+
+/// Retries requests by a [`RetryPolicy`]; made by [`RetryLayer::new`](super::RetryLayer).
+///
+/// It asks the policy what tower's [`tower::retry::Retry`] would (the policy is a
+/// [`tower::retry::Policy`], usable there too): a copy of each request is kept before it
+/// is sent, and each outcome that is not a plain success is handed to the policy, which
+/// answers with the wait before the next attempt or hands the outcome back. Unlike
+/// tower's, it does not clone the inner service for every call in case the call is
+/// retried: the retries of a request go through a clone made at its first retry. With
+/// hyper-util's client below, that clone costs more than the rest of the success path
+/// together (about 60 ns here, against 15 ns for an `Arc`).
+///
+/// # Clone
+///
+/// Clones share the policy's configuration, budget and counters, and the copy of the
+/// inner service that retries are sent through (all behind one `Arc`); each clone has
+/// its own inner service for first attempts. The copy is the service as the layer
+/// wrapped it; every clone of a service from tower, hyper, hyper-util or tonic shares
+/// its connections, so a retry goes where a first attempt would.
+pub struct Retry<S> {
+    core: Arc<Core<S>>,
+    inner: S,
+}
+
+/// What every clone of a [`Retry`] and every response future of theirs share.
+pub(super) struct Core<S> {
+    pub(super) policy: RetryPolicy,
+    /// The inner service as the layer wrapped it, cloned for each request that retries.
+    /// The lock is held only while cloning.
+    retries: Mutex<S>,
+}
+
+impl<S: Clone> Core<S> {
+    /// A service to send a request's retries through.
+    pub(super) fn service(&self) -> S {
+        self.retries
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+impl<S: Clone> Retry<S> {
+    /// A service retrying calls to `inner` by `policy`.
+    pub fn new(policy: RetryPolicy, inner: S) -> Self {
+        Retry {
+            core: Arc::new(Core {
+                policy,
+                retries: Mutex::new(inner.clone()),
+            }),
+            inner,
+        }
+    }
+}
+
+impl<S> Retry<S> {
+    /// The policy the service retries by.
+    pub fn policy(&self) -> &RetryPolicy {
+        &self.core.policy
+    }
+
+    /// The inner service first attempts go to.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service first attempts go to, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service first attempts go to, consuming the retry.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S: Clone> Clone for Retry<S> {
+    fn clone(&self) -> Self {
+        Retry {
+            core: Arc::clone(&self.core),
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<S: fmt::Debug> fmt::Debug for Retry<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Retry")
+            .field("policy", &self.core.policy)
+            .field("inner", &self.inner)
+            .finish()
+    }
+}
+
+impl<S, B, ResB> Service<Request<B>> for Retry<S>
+where
+    S: Service<Request<B>, Response = Response<ResB>> + Clone,
+    S::Error: 'static,
+    B: Clone,
+{
+    type Response = Response<ResB>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S, B>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        let sent = tokio::time::Instant::now().into_std();
+        self.core.policy.shared.first_send(sent);
+        // A request marked `NoRetry` is sent once whatever happens: no copy to keep.
+        let copy = request
+            .extensions()
+            .get::<NoRetry>()
+            .is_none()
+            .then(|| request.clone());
+        let future = self.inner.call(request);
+        ResponseFuture::new(Arc::clone(&self.core), copy, sent, future)
+    }
+}
