@@ -12,10 +12,10 @@
 //! | outcome | [`Class`] |
 //! |---|---|
 //! | 1xx, 2xx, 3xx | `Success` |
-//! | 408, 429, 500, 502, 503, 504 (configurable: [`StatusSet`]) | `Retryable`, with the `Retry-After` wait on 429 and 503; `DontRetry` with an [`X_NO_RETRY`] or Finagle's `finagle-http-nonretryable-nack` header |
+//! | 408, 429, 500, 502, 503, 504 (configurable: [`StatusSet`]) | `Retryable`, with the `Retry-After` wait on 429 and 503; `DontRetry` with an [`X_NO_RETRY`], Finagle's `finagle-http-nonretryable-nack` or Envoy's `x-envoy-overloaded` or `x-envoy-ratelimited` header |
 //! | 501, 505, every other 4xx and 5xx | `Permanent` |
 //! | `grpc-status: 0` | `Success` |
-//! | `grpc-status: 14` UNAVAILABLE (configurable: [`GrpcCodeSet`]) | `Retryable`, or `DontRetry` when `grpc-retry-pushback-ms` says so |
+//! | `grpc-status: 14` UNAVAILABLE (configurable: [`GrpcCodeSet`]) | `Retryable`, or `DontRetry` when `grpc-retry-pushback-ms` or one of the headers above says so |
 //! | any other `grpc-status` | `Permanent` |
 //!
 //! ```
@@ -59,6 +59,13 @@ pub const X_NO_RETRY: HeaderName = HeaderName::from_static("x-no-retry");
 /// Finagle's "do not retry" response header, honoured like [`X_NO_RETRY`].
 pub const FINAGLE_NONRETRYABLE_NACK: HeaderName =
     HeaderName::from_static("finagle-http-nonretryable-nack");
+/// Envoy's response header for a request it shed (its circuit breaker overflowed, or
+/// maintenance mode): Envoy itself does not retry a response carrying it, and neither
+/// does stormguard.
+pub const X_ENVOY_OVERLOADED: HeaderName = HeaderName::from_static("x-envoy-overloaded");
+/// Envoy's response header for a request its rate limit service refused: Envoy does not
+/// retry a response carrying it (unless told to), and neither does stormguard.
+pub const X_ENVOY_RATELIMITED: HeaderName = HeaderName::from_static("x-envoy-ratelimited");
 /// Request header: which attempt this is (2 for the first retry), like Envoy's
 /// `x-envoy-attempt-count`. Set by the retry layer on HTTP retries; absent means 1.
 pub const X_ATTEMPT_COUNT: HeaderName = HeaderName::from_static("x-attempt-count");
@@ -267,6 +274,21 @@ pub fn grpc_status(headers: &HeaderMap) -> Option<i32> {
     value.parse().ok()
 }
 
+/// Whether a failed response says not to retry it: [`X_NO_RETRY`], Finagle's
+/// [`FINAGLE_NONRETRYABLE_NACK`], or Envoy's [`X_ENVOY_OVERLOADED`] or
+/// [`X_ENVOY_RATELIMITED`] (a proxy that shed the request: retrying adds load where
+/// there is already too much).
+fn told_not_to_retry(headers: &HeaderMap) -> bool {
+    [
+        &X_NO_RETRY,
+        &FINAGLE_NONRETRYABLE_NACK,
+        &X_ENVOY_OVERLOADED,
+        &X_ENVOY_RATELIMITED,
+    ]
+    .into_iter()
+    .any(|name| headers.contains_key(name))
+}
+
 /// The gRPC code a client reports for an HTTP status that came without a
 /// `grpc-status`, per gRPC's HTTP-to-gRPC status mapping: 400 INTERNAL, 401
 /// UNAUTHENTICATED, 403 PERMISSION_DENIED, 404 UNIMPLEMENTED, 429, 502, 503 and 504
@@ -376,7 +398,7 @@ impl Rules {
         if !self.retryable_statuses.contains(status) {
             return Class::Permanent;
         }
-        if headers.contains_key(X_NO_RETRY) || headers.contains_key(FINAGLE_NONRETRYABLE_NACK) {
+        if told_not_to_retry(headers) {
             return Class::DontRetry;
         }
         let after = match status {
@@ -394,6 +416,9 @@ impl Rules {
         }
         if !self.retryable_grpc_codes.contains(code) {
             return Class::Permanent;
+        }
+        if told_not_to_retry(headers) {
+            return Class::DontRetry;
         }
         // gRFC A6: a pushback that cannot be read means "do not retry", and a header
         // sent twice cannot be read as one value.
@@ -502,6 +527,19 @@ mod tests {
         assert_eq!(classify(503, &[("x-no-retry", "budget")]), Class::DontRetry);
         assert_eq!(
             classify(503, &[("finagle-http-nonretryable-nack", "true")]),
+            Class::DontRetry
+        );
+        // A proxy that shed the request (Envoy's circuit breaker, its rate limit).
+        for header in ["x-envoy-overloaded", "x-envoy-ratelimited"] {
+            assert_eq!(classify(503, &[(header, "true")]), Class::DontRetry);
+            assert_eq!(classify(429, &[(header, "true")]), Class::DontRetry);
+            assert_eq!(
+                classify(200, &[("grpc-status", "14"), (header, "true")]),
+                Class::DontRetry
+            );
+        }
+        assert_eq!(
+            classify(200, &[("grpc-status", "14"), ("x-no-retry", "budget")]),
             Class::DontRetry
         );
         assert_eq!(classify(200, &[("x-no-retry", "budget")]), Class::Success);
