@@ -7,9 +7,10 @@
 //!
 //! | cause | meaning |
 //! |---|---|
-//! | h2 `REFUSED_STREAM` or GOAWAY from the server, hyper-util's "canceled" (the request was never written) | the request reached the server but not its application, or never left the client: retried at once, once, for free (a transparent retry, gRFC A6) |
+//! | h2 `REFUSED_STREAM` or GOAWAY from the server, hyper's or hyper-util's "canceled" (the request was never written: it waited for a connection that closed or was not ready) | the request reached the server but not its application, or never left the client: retried at once, once, for free (a transparent retry, gRFC A6) |
 //! | hyper-util connect error, `io::ErrorKind::ConnectionRefused` | the request never reached the application, but the dependency may be down: an ordinary retry, for any method |
-//! | `tower::timeout::error::Elapsed`, connection reset or aborted, broken pipe, `io::ErrorKind::TimedOut`, hyper's closed, canceled, incomplete or timed-out connections, other h2 stream resets | the request may have been processed: retry idempotent requests only |
+//! | `tower::timeout::error::Elapsed`, connection reset or aborted, broken pipe, `io::ErrorKind::TimedOut`, hyper's closed, incomplete or timed-out connections, other h2 stream resets | the request may have been processed: retry idempotent requests only |
+//! | hyper's user errors (the request's own body failed or was cut short), a body that could not be replayed ([`NotReplayable`](crate::NotReplayable)) | the caller's doing, not the dependency's: not retried, and not a breaker failure |
 //! | [`CircuitOpen`](crate::CircuitOpen) | a breaker failed fast: never retried |
 //! | anything else | not known to be transient: not retried |
 //!
@@ -78,6 +79,9 @@ pub(crate) enum ErrorClass {
     MaybeProcessed,
     /// A circuit breaker refused the call.
     CircuitOpen,
+    /// The caller's own doing: the request's body failed or was cut short, or could not
+    /// be replayed. Retrying will not help, and the dependency is not to blame.
+    Local,
     /// Nothing recognised: not retried.
     Unknown,
 }
@@ -138,7 +142,10 @@ pub(crate) fn classify_chain(err: &(dyn Error + 'static)) -> ErrorClass {
         if let Some(found) = classify_one(err) {
             if matches!(
                 found,
-                ErrorClass::CircuitOpen | ErrorClass::NotSent | ErrorClass::Unprocessed
+                ErrorClass::CircuitOpen
+                    | ErrorClass::NotSent
+                    | ErrorClass::Unprocessed
+                    | ErrorClass::Local
             ) {
                 return found;
             }
@@ -154,6 +161,9 @@ fn classify_one(err: &(dyn Error + 'static)) -> Option<ErrorClass> {
     }
     if err.is::<Unprocessed>() {
         return Some(ErrorClass::Unprocessed);
+    }
+    if err.is::<crate::NotReplayable>() {
+        return Some(ErrorClass::Local);
     }
     if err.is::<tower::timeout::error::Elapsed>() {
         return Some(ErrorClass::MaybeProcessed);
@@ -184,11 +194,17 @@ fn classify_one(err: &(dyn Error + 'static)) -> Option<ErrorClass> {
     }
     #[cfg(feature = "hyper")]
     if let Some(err) = err.downcast_ref::<hyper::Error>() {
-        let transient = err.is_timeout()
-            || err.is_closed()
-            || err.is_canceled()
-            || err.is_incomplete_message()
-            || err.is_body_write_aborted();
+        // hyper cancels only requests it never wrote: queued for a connection that then
+        // closed, or sent to one that was not ready.
+        if err.is_canceled() {
+            return Some(ErrorClass::Unprocessed);
+        }
+        // The request's own body failed (its source is the caller's error, whatever it
+        // says), or was shorter than its length: nothing the dependency did.
+        if err.is_user() {
+            return Some(ErrorClass::Local);
+        }
+        let transient = err.is_timeout() || err.is_closed() || err.is_incomplete_message();
         return transient.then_some(ErrorClass::MaybeProcessed);
     }
     if let Some(err) = err.downcast_ref::<io::Error>() {
@@ -300,5 +316,84 @@ mod tests {
     fn unknown_types_are_not_retried() {
         assert_eq!(classify_error(&"text"), ErrorClass::Unknown);
         assert_eq!(classify_error(&boxed(fmt::Error)), ErrorClass::Unknown);
+    }
+
+    #[test]
+    fn a_body_that_cannot_be_replayed_is_the_callers_doing() {
+        assert_eq!(
+            classify_error(&boxed(crate::NotReplayable)),
+            ErrorClass::Local
+        );
+    }
+
+    #[cfg(feature = "hyper")]
+    type BoxBody = http_body_util::combinators::BoxBody<bytes::Bytes, BoxError>;
+
+    /// hyper's HTTP/1.1 client connection over an in-memory pipe whose other end only
+    /// reads: the connection is not driven until the caller spawns it.
+    #[cfg(feature = "hyper")]
+    async fn http1_client() -> (
+        hyper::client::conn::http1::SendRequest<BoxBody>,
+        hyper::client::conn::http1::Connection<
+            hyper_util::rt::TokioIo<tokio::io::DuplexStream>,
+            BoxBody,
+        >,
+    ) {
+        use tokio::io::AsyncReadExt;
+        let (client, mut server) = tokio::io::duplex(1 << 16);
+        tokio::spawn(async move {
+            let mut sink = [0; 1024];
+            while server.read(&mut sink).await.is_ok_and(|n| n > 0) {}
+        });
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(client))
+            .await
+            .expect("handshake")
+    }
+
+    #[cfg(feature = "hyper")]
+    fn post(body: BoxBody) -> http::Request<BoxBody> {
+        http::Request::post("/orders").body(body).expect("request")
+    }
+
+    #[cfg(feature = "hyper")]
+    #[tokio::test]
+    async fn hyper_cancels_only_what_it_never_wrote() {
+        use http_body_util::BodyExt;
+        use std::time::Duration;
+        let empty = || http_body_util::Empty::new().map_err(|e| match e {}).boxed();
+        const LIMIT: Duration = Duration::from_secs(10);
+
+        // A connection takes one request before it is driven; a second is handed back
+        // at once, "canceled", unwritten.
+        let (mut sender, _connection) = http1_client().await;
+        let _first = sender.send_request(post(empty()));
+        let err = tokio::time::timeout(LIMIT, sender.send_request(post(empty())))
+            .await
+            .expect("in time")
+            .expect_err("not ready");
+        assert!(err.is_canceled(), "{err:?}");
+        assert_eq!(classify_error(&boxed(err)), ErrorClass::Unprocessed);
+
+        // On a driven connection the head is written, then the caller's body fails:
+        // hyper's user error, whatever the body's own error says (here a refused
+        // connection upstream of the caller, which must not pass for the dependency's).
+        let (mut sender, connection) = http1_client().await;
+        tokio::spawn(connection);
+        tokio::time::timeout(LIMIT, sender.ready())
+            .await
+            .expect("in time")
+            .expect("ready");
+        let refused: BoxError = Box::new(io::Error::from(io::ErrorKind::ConnectionRefused));
+        let failing =
+            futures_util::stream::iter([Err::<http_body::Frame<bytes::Bytes>, _>(refused)]);
+        let err = tokio::time::timeout(
+            LIMIT,
+            sender.send_request(post(http_body_util::StreamBody::new(failing).boxed())),
+        )
+        .await
+        .expect("in time")
+        .expect_err("body error");
+        assert!(err.is_user(), "{err:?}");
+        assert_eq!(classify_error(&boxed(err)), ErrorClass::Local);
     }
 }

@@ -428,12 +428,15 @@ impl CircuitBreaker {
     }
 
     /// Every error is the dependency's failure, but a nested breaker's refusal, which
-    /// that breaker has already counted.
+    /// that breaker has already counted, and the caller's own.
     fn classify_error(error: &(dyn std::error::Error + 'static)) -> Outcome {
         match crate::error_class::classify_chain(error) {
             // A nested breaker counted it already; a refused stream or a draining
-            // connection says nothing about the dependency's health.
-            ErrorClass::CircuitOpen | ErrorClass::Unprocessed => Outcome::Ignored,
+            // connection says nothing about the dependency's health, nor does a request
+            // body that failed on the caller's side.
+            ErrorClass::CircuitOpen | ErrorClass::Unprocessed | ErrorClass::Local => {
+                Outcome::Ignored
+            }
             _ => Outcome::Failure,
         }
     }

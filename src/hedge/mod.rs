@@ -348,10 +348,10 @@ impl HedgePolicy {
                     ErrorClass::Unprocessed | ErrorClass::NotSent | ErrorClass::MaybeProcessed => {
                         Verdict::NonFatal { stop: None }
                     }
-                    ErrorClass::Unknown if is_not_replayable(err) => Verdict::NonFatal {
+                    ErrorClass::Local if is_not_replayable(err) => Verdict::NonFatal {
                         stop: Some(Stop::NotReplayable),
                     },
-                    ErrorClass::Unknown => Verdict::Final { success: false },
+                    ErrorClass::Local | ErrorClass::Unknown => Verdict::Final { success: false },
                 }
             }
         };

@@ -25,7 +25,9 @@
 //! Some failures prove the request reached the server but not its application: an
 //! HTTP/2 `REFUSED_STREAM`, or a GOAWAY that names a last stream below the request's
 //! (a server draining its connection, as nginx does every `keepalive_requests` and any
-//! server does on a graceful restart), or hyper-util handing the request back unwritten.
+//! server does on a graceful restart), or hyper or hyper-util handing the request back
+//! unwritten ("canceled": it waited for a connection that closed or was not ready, as
+//! tonic's requests queued on a connection do when the server drains it).
 //! Such a request is retried **at once and once**, as gRFC A6's transparent retry:
 //! without a backoff wait, without spending an attempt, without a withdrawal from the
 //! budget, whatever its method, and the breaker does not count the failure. A second
@@ -33,12 +35,12 @@
 //! A refused connection is not one of these: it says the dependency may be down, and is
 //! an ordinary retry with backoff.
 //!
-//! One limit of what the error can tell: h2 hands the GOAWAY to the streams above the
-//! server's last stream id, and also to a stream below it whose request body was still
-//! being sent when the GOAWAY came. The server got that request's head but not its whole
-//! body; an application that reads its body before acting never saw it, one that acts on
-//! the head alone may have. Give requests to such an application an `Idempotency-Key`,
-//! or mark them [`NoRetry`]. Transparent retries are counted apart
+//! Which GOAWAYs prove that much: h2 reports a server's GOAWAY only to the streams above
+//! the last stream id the server names (which it promises it never processed) and to
+//! requests made on the connection after it. A stream at or below that id which the
+//! connection's close then cuts short, its body still being sent say, ends with a
+//! broken pipe or a reset instead: the request may have been processed, and it is
+//! retried only if it is safe to repeat. Transparent retries are counted apart
 //! ([`RetryStats::transparent_retries`]), traced with reason `transparent`, and a
 //! gRPC call carries `grpc-transparent-retry-attempts: 1` on its second try.
 //!
@@ -168,7 +170,8 @@ pub enum GiveUp {
     /// The wait would end after the request's [`Deadline`].
     Deadline,
     /// The server said its own dependencies gave up: `x-no-retry` (or Finagle's
-    /// `finagle-http-nonretryable-nack`); see [`signals`](crate::signals).
+    /// `finagle-http-nonretryable-nack`; see [`signals`](crate::signals)), or a proxy
+    /// said it shed the request (Envoy's `x-envoy-overloaded`, `x-envoy-ratelimited`).
     DontRetry,
 }
 
@@ -994,7 +997,7 @@ where
                 ErrorClass::CircuitOpen => {
                     return self.finish(result, self.attempts + 1, Some(GiveUp::CircuitOpen))
                 }
-                ErrorClass::Unknown => (Class::Permanent, false),
+                ErrorClass::Local | ErrorClass::Unknown => (Class::Permanent, false),
             },
         };
         self.count_attempt(class, result.is_ok());
