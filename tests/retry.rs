@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use http::{Method, Request, Response, StatusCode};
 use stormguard::{
-    Attempts, Backoff, CircuitOpen, Idempotent, Jitter, NoRetry, RetryBudget, RetryLayer,
+    Attempts, Backoff, CircuitOpen, Deadline, Idempotent, Jitter, NoRetry, RetryBudget, RetryLayer,
     RetryPolicy, Unprocessed,
 };
 use tokio::task::JoinHandle;
@@ -789,6 +789,37 @@ async fn a_transparent_retry_honours_the_deadline_and_rewrites_grpc_timeout() {
     advance(150 * MS).await;
     fail_now(&mut upstream, REFUSED).await;
     finished(call).await.expect_err("past the deadline");
+    assert_nothing_sent(&mut upstream).await;
+    assert_eq!(policy.stats().deadline, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_earlier_of_a_deadline_and_a_grpc_timeout_bounds_the_retries() {
+    let policy = policy().build().expect("policy");
+    let mut req = grpc_call();
+    req.headers_mut()
+        .insert("grpc-timeout", "1S".parse().expect("header"));
+    // A layer above set a deadline too, a later one: the call's own timeout still binds.
+    req.extensions_mut()
+        .insert(Deadline::after(Instant::now().into_std(), 10_000 * MS));
+    let (call, mut upstream) = start(policy.clone(), req);
+    answer_now(&mut upstream, grpc_status("14", None)).await;
+    let retry = answer_after(&mut upstream, 200 * MS, grpc_status("0", None)).await;
+    assert_eq!(retry.headers()["grpc-timeout"], "800000u");
+    finished(call).await.expect("response");
+
+    // An earlier deadline binds the other way round.
+    let mut req = grpc_call();
+    req.headers_mut()
+        .insert("grpc-timeout", "10S".parse().expect("header"));
+    req.extensions_mut()
+        .insert(Deadline::after(Instant::now().into_std(), 500 * MS));
+    let (call, mut upstream) = start(policy.clone(), req);
+    answer_now(&mut upstream, grpc_status("14", None)).await;
+    let retry = answer_after(&mut upstream, 200 * MS, grpc_status("14", None)).await;
+    assert_eq!(retry.headers()["grpc-timeout"], "300000u");
+    // The next wait (400 ms) would end past the deadline: given up at once.
+    finished(call).await.expect("response");
     assert_nothing_sent(&mut upstream).await;
     assert_eq!(policy.stats().deadline, 1);
 }

@@ -887,14 +887,21 @@ pub(crate) fn safe_to_repeat<B>(req: &Request<B>) -> bool {
     is_idempotent(req.method(), req.headers()) || req.extensions().get::<Idempotent>().is_some()
 }
 
-/// The request's deadline: its [`Deadline`] extension, else its
-/// `grpc-timeout` counted from `now`.
+/// The request's deadline: the earlier of its [`Deadline`] extension and its
+/// `grpc-timeout` counted from `now`, whichever it has.
 fn deadline_of<B>(req: &Request<B>, now: Instant) -> Option<Deadline> {
-    if let Some(deadline) = req.extensions().get::<Deadline>() {
-        return Some(*deadline);
+    let given = req.extensions().get::<Deadline>().copied();
+    let grpc = req
+        .headers()
+        .get(GRPC_TIMEOUT)
+        .and_then(parse_grpc_timeout)
+        .map(|timeout| Deadline::after(now, timeout));
+    // With both, the caller stops waiting at the earlier (as gRPC takes the earlier of a
+    // call's timeout and the deadline it inherits).
+    match (given, grpc) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
     }
-    let timeout = parse_grpc_timeout(req.headers().get(GRPC_TIMEOUT)?)?;
-    Some(Deadline::after(now, timeout))
 }
 
 /// Whether the request's body can be sent again (always, but for a [`ReplayBody`]

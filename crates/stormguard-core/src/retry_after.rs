@@ -225,19 +225,23 @@ pub enum Pushback {
 /// use stormguard_core::retry_after::{parse_grpc_pushback, Pushback};
 ///
 /// assert_eq!(parse_grpc_pushback(&HeaderValue::from_static("250")), Pushback::After(Duration::from_millis(250)));
+/// assert_eq!(parse_grpc_pushback(&HeaderValue::from_static("+250")), Pushback::After(Duration::from_millis(250)));
 /// assert_eq!(parse_grpc_pushback(&HeaderValue::from_static("-1")), Pushback::DontRetry);
+/// assert_eq!(parse_grpc_pushback(&HeaderValue::from_static(" 250")), Pushback::DontRetry);
 /// assert_eq!(parse_grpc_pushback(&HeaderValue::from_static("2147483648")), Pushback::DontRetry);
 /// ```
 pub fn parse_grpc_pushback(value: &HeaderValue) -> Pushback {
-    let bytes = value.as_bytes();
-    let digits = !bytes.is_empty() && bytes.iter().all(u8::is_ascii_digit);
-    let parsed = std::str::from_utf8(bytes)
+    // An int32 as grpc-go and grpc-java read one: an optional sign, then digits.
+    let parsed = std::str::from_utf8(value.as_bytes())
         .ok()
-        .filter(|_| digits)
-        .and_then(|s| s.parse::<i32>().ok());
+        .filter(|text| {
+            let digits = text.strip_prefix(['+', '-']).unwrap_or(text);
+            !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())
+        })
+        .and_then(|text| text.parse::<i32>().ok());
     match parsed {
-        Some(ms) => Pushback::After(Duration::from_millis(ms.unsigned_abs().into())),
-        None => Pushback::DontRetry,
+        Some(ms) if ms >= 0 => Pushback::After(Duration::from_millis(ms.unsigned_abs().into())),
+        _ => Pushback::DontRetry,
     }
 }
 
@@ -441,13 +445,19 @@ mod tests {
             p("2147483647"),
             Pushback::After(Duration::from_millis(2_147_483_647))
         );
+        // An int32 as grpc-go (`strconv.Atoi`) and grpc-java (`Integer.valueOf`) read
+        // one: a sign is allowed.
+        assert_eq!(p("+5"), Pushback::After(Duration::from_millis(5)));
+        assert_eq!(p("-0"), Pushback::After(Duration::ZERO));
         for bad in [
             "-1",
             "2147483648",
             "99999999999999",
             "",
+            "+",
+            "-",
+            "+-5",
             "1.5",
-            "+5",
             "abc",
             " 5",
         ] {

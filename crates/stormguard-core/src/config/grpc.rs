@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::read::{parse_duration, wrong, Table};
+use super::read::{join, parse_duration, wrong, Table};
 use super::{codes, grpc_code, locate, DependencySettings};
 use crate::methods::{GrpcHedgePolicy, GrpcRetryPolicy, MethodPolicy, MethodTable};
 use crate::throttle::{RetryThrottle, RetryThrottleBuilder};
@@ -37,7 +37,8 @@ pub(super) fn read(json: &str) -> Result<DependencySettings, ConfigError> {
 /// (`loadBalancingConfig`, `timeout`, `waitForReady`, ...) are ignored, as gRPC
 /// ignores fields it does not know, so a tonic user's file reads as it is.
 pub(super) fn read_value(path: &str, value: &Value) -> Result<ServiceConfig, ConfigError> {
-    let mut top = Table::new(path, value)?;
+    let value = canonical_keys(path, value)?;
+    let mut top = Table::new(path, &value)?;
     let mut table = MethodTable::default();
     let mut first_seen: HashMap<String, String> = HashMap::new();
     if let Some(configs) = top.list("methodConfig", |path, v| Ok((path.to_owned(), v)))? {
@@ -47,12 +48,8 @@ pub(super) fn read_value(path: &str, value: &Value) -> Result<ServiceConfig, Con
             let names = t
                 .list("name", |path, v| Ok((path.to_owned(), v)))?
                 .unwrap_or_default();
-            if names.is_empty() {
-                return Err(ConfigError::at(
-                    t.path_of("name"),
-                    "a method config needs at least one name",
-                ));
-            }
+            // A method config that names no method applies to none: grpc-go and
+            // grpc-java skip it, and so does this reader.
             for (name_path, name) in names {
                 let key = read_name(&name_path, name)?;
                 if let Some(first) = first_seen.insert(key.display(), name_path.clone()) {
@@ -84,6 +81,67 @@ pub(super) fn read_value(path: &str, value: &Value) -> Result<ServiceConfig, Con
         methods: table,
         throttle,
     })
+}
+
+/// The fields of a service config this reader uses, spelled as gRPC's JSON spells them.
+const FIELDS: [&str; 16] = [
+    "methodConfig",
+    "name",
+    "service",
+    "method",
+    "retryPolicy",
+    "hedgingPolicy",
+    "maxAttempts",
+    "initialBackoff",
+    "maxBackoff",
+    "backoffMultiplier",
+    "retryableStatusCodes",
+    "hedgingDelay",
+    "nonFatalStatusCodes",
+    "retryThrottling",
+    "maxTokens",
+    "tokenRatio",
+];
+
+/// `value` with each key that names one of [`FIELDS`], however it is written, spelled
+/// as there: grpc-go reads a service config's keys without regard to case (its own
+/// examples write `MaxAttempts`), and protobuf's JSON readers take the proto field
+/// names too (`max_attempts`). A field given twice is an error.
+fn canonical_keys(path: &str, value: &Value) -> Result<Value, ConfigError> {
+    match value {
+        Value::Object(map) => {
+            let mut out = serde_json::Map::new();
+            for (key, v) in map {
+                let field = FIELDS
+                    .into_iter()
+                    .find(|field| same_field(field, key))
+                    .unwrap_or(key);
+                let at = join(path, key);
+                let v = canonical_keys(&at, v)?;
+                if out.insert(field.to_owned(), v).is_some() {
+                    return Err(ConfigError::at(
+                        at,
+                        format!("{field} is given twice, spelled differently"),
+                    ));
+                }
+            }
+            Ok(Value::Object(out))
+        }
+        Value::Array(items) => items
+            .iter()
+            .enumerate()
+            .map(|(i, v)| canonical_keys(&format!("{path}[{i}]"), v))
+            .collect::<Result<_, _>>()
+            .map(Value::Array),
+        other => Ok(other.clone()),
+    }
+}
+
+/// Whether `key` is `field` written in another case, or with underscores.
+fn same_field(field: &str, key: &str) -> bool {
+    let key = key.bytes().filter(|&b| b != b'_');
+    key.map(|b| b.to_ascii_lowercase())
+        .eq(field.bytes().map(|b| b.to_ascii_lowercase()))
 }
 
 enum Name {
@@ -322,6 +380,58 @@ mod tests {
             Some(&MethodPolicy::Hedge(hedge))
         );
         assert_eq!(table.lookup("/grpc.testing.TestService/Other"), None);
+    }
+
+    /// grpc-go reads keys in any case (its retry example writes `MaxAttempts`), and
+    /// protobuf's JSON readers take proto field names (`max_attempts`).
+    #[test]
+    fn keys_as_grpc_go_and_protobuf_write_them() {
+        let table = methods(
+            r#"{"MethodConfig": [{
+              "Name": [{"Service": "grpc.examples.echo.Echo"}],
+              "RetryPolicy": {
+                "MaxAttempts": 4,
+                "InitialBackoff": ".01s",
+                "MaxBackoff": ".01s",
+                "BackoffMultiplier": 1.0,
+                "RetryableStatusCodes": ["UNAVAILABLE"]
+              }
+            }, {
+              "name": [{"service": "b.B"}],
+              "hedging_policy": {"max_attempts": 3, "hedging_delay": "0.1s"}
+            }]}"#,
+        );
+        assert!(matches!(
+            table.lookup("/grpc.examples.echo.Echo/UnaryEcho"),
+            Some(MethodPolicy::Retry(r)) if r.max_attempts == 4
+        ));
+        assert!(matches!(
+            table.lookup("/b.B/M"),
+            Some(MethodPolicy::Hedge(h)) if h.max_attempts == 3 && h.delay == Duration::from_millis(100)
+        ));
+        assert_eq!(
+            err(r#"{"methodConfig": [{"name": [{}], "retryPolicy": {"maxAttempts": 2, "max_attempts": 3}}]}"#),
+            "methodConfig[0].retryPolicy.max_attempts: maxAttempts is given twice, spelled differently"
+        );
+    }
+
+    /// A method config that names no method applies to none: skipped, as grpc-go and
+    /// grpc-java skip it.
+    #[test]
+    fn a_method_config_without_names_is_skipped() {
+        let table = methods(
+            r#"{"methodConfig": [
+              {"retryPolicy": {"maxAttempts": 2, "initialBackoff": "1s", "maxBackoff": "1s",
+                "backoffMultiplier": 1, "retryableStatusCodes": [14]}},
+              {"name": [], "hedgingPolicy": {"maxAttempts": 2}},
+              {"name": [{"service": "a.A"}], "hedgingPolicy": {"maxAttempts": 2}}
+            ]}"#,
+        );
+        assert_eq!(table.lookup("/x.X/M"), None);
+        assert!(matches!(
+            table.lookup("/a.A/M"),
+            Some(MethodPolicy::Hedge(_))
+        ));
     }
 
     #[test]

@@ -793,8 +793,8 @@ mod tests {
         assert!(orders.throttle.is_some());
 
         assert_eq!(
-            err("[dependencies.u]\ngrpc_service_config = '{\"methodConfig\": [{\"name\": []}]}'"),
-            "dependencies.u.grpc_service_config.methodConfig[0].name: a method config needs at least one name"
+            err("[dependencies.u]\ngrpc_service_config = '{\"methodConfig\": [{\"name\": [{\"method\": \"Get\"}]}]}'"),
+            "dependencies.u.grpc_service_config.methodConfig[0].name[0].method: a method name needs its service"
         );
         assert_eq!(
             err("[dependencies.u]\nretry_throttling = { max_tokens = 1 }\ngrpc_service_config = { retryThrottling = { maxTokens = 2, tokenRatio = 0.1 } }"),
