@@ -8,14 +8,16 @@
 //! | cause | meaning |
 //! |---|---|
 //! | h2 `REFUSED_STREAM` or GOAWAY from the server, hyper's or hyper-util's "canceled" (the request was never written: it waited for a connection that closed or was not ready) | the request reached the server but not its application, or never left the client: retried at once, once, for free (a transparent retry, gRFC A6) |
-//! | hyper-util connect error, `io::ErrorKind::ConnectionRefused` | the request never reached the application, but the dependency may be down: an ordinary retry, for any method |
+//! | hyper-util connect error, tonic's `ConnectError`, `io::ErrorKind::ConnectionRefused` | the request never reached the application, but the dependency may be down: an ordinary retry, for any method |
 //! | `tower::timeout::error::Elapsed`, connection reset or aborted, broken pipe, `io::ErrorKind::TimedOut`, hyper's closed, incomplete or timed-out connections, other h2 stream resets | the request may have been processed: retry idempotent requests only |
 //! | hyper's user errors (the request's own body failed or was cut short), a body that could not be replayed ([`NotReplayable`](crate::NotReplayable)) | the caller's doing, not the dependency's: not retried, and not a breaker failure |
 //! | [`CircuitOpen`](crate::CircuitOpen) | a breaker failed fast: never retried |
 //! | anything else | not known to be transient: not retried |
 //!
-//! The hyper, hyper-util and h2 types are recognised with the features of those names
-//! (all on by default); without them their `source()` chains are still walked when boxed.
+//! The hyper, hyper-util, h2 and tonic types are recognised with the features of those
+//! names (all but `tonic` on by default); without them their `source()` chains are
+//! still walked when boxed. With `tonic`, the retry layer can sit right on a tonic
+//! `Channel`, whose `transport::Error` it then looks into.
 
 use std::any::Any;
 use std::error::Error;
@@ -119,6 +121,8 @@ pub(crate) fn as_std_error<E: 'static>(err: &E) -> Option<&(dyn Error + 'static)
     concrete!(hyper::Error);
     #[cfg(feature = "h2")]
     concrete!(h2::Error);
+    #[cfg(feature = "tonic")]
+    concrete!(tonic::transport::Error);
     concrete!(
         io::Error,
         tower::timeout::error::Elapsed,
@@ -167,6 +171,12 @@ fn classify_one(err: &(dyn Error + 'static)) -> Option<ErrorClass> {
     }
     if err.is::<tower::timeout::error::Elapsed>() {
         return Some(ErrorClass::MaybeProcessed);
+    }
+    // tonic's connector says so of every error on the way to a connection (refused,
+    // timed out, DNS), which hyper-util's own type, private there, says too.
+    #[cfg(feature = "tonic")]
+    if err.is::<tonic::ConnectError>() {
+        return Some(ErrorClass::NotSent);
     }
     #[cfg(feature = "hyper-util")]
     if let Some(err) = err.downcast_ref::<hyper_util::client::legacy::Error>() {

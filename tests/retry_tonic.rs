@@ -171,3 +171,29 @@ async fn a_stream_over_the_cap_is_sent_once_and_the_status_returned() {
     );
     assert_eq!(policy.stats().not_replayable, 1);
 }
+
+/// With the `tonic` feature the retry layer sits right on a `Channel` and reads its
+/// `transport::Error`: a connection that was never made is retried, gRPC call (a POST)
+/// or not, as the request never left.
+#[cfg(feature = "tonic")]
+#[tokio::test]
+async fn a_call_on_a_channel_whose_connection_failed_is_retried() {
+    // A port nothing listens on.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("address");
+    drop(listener);
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .expect("uri")
+        .connect_lazy();
+    let policy = fast_policy(5).max_attempts(3).build().expect("policy");
+    let svc = ServiceBuilder::new()
+        .layer(RetryLayer::new(policy.clone()).replay_bodies())
+        .map_request(|r: http::Request<ReplayBody<Body>>| r.map(Body::new))
+        .service(channel);
+    let outcome = tokio::time::timeout(Duration::from_secs(5), upload(svc, chunks(1, 10)))
+        .await
+        .expect("in time");
+    assert!(outcome.is_err(), "nothing listens there");
+    let stats = policy.stats();
+    assert_eq!((stats.retries, stats.exhausted), (2, 1), "{stats:?}");
+}

@@ -13,9 +13,13 @@
 //! was completely sent, since the rest of the body was never read. The first attempt is
 //! never failed or altered by any of this.
 //!
+//! A body the first attempt never read at all (its connection was refused, or the
+//! request was handed back unwritten) is not lost with it: the attempt's copy hands the
+//! untouched body on, and the retry streams it as the first attempt would have.
+//!
 //! The price: with `replay_bodies()` each request allocates one shared buffer (an
-//! `Arc`) and an extension entry, and each frame of the first attempt takes an
-//! uncontended lock to be kept. Bodies that are `Clone` need none of it under the plain
+//! `Arc`), the body's box and an extension entry, and each frame of the first attempt
+//! takes an uncontended lock to be kept. Bodies that are `Clone` need none of it under the plain
 //! [`RetryLayer`](crate::RetryLayer).
 
 use std::pin::Pin;
@@ -25,65 +29,66 @@ use std::task::{Context, Poll};
 use bytes::{Buf, Bytes};
 use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
-use pin_project_lite::pin_project;
 
 use crate::BoxError;
 
 /// The default cap on the bytes kept to replay one request body: 64 KiB.
 pub const DEFAULT_MAX_REPLAY_BYTES: usize = 64 * 1024;
 
-pin_project! {
-    /// A request body that can be sent again: the first attempt streams the wrapped body
-    /// and keeps its frames (up to a cap); clones replay them.
-    ///
-    /// You rarely build one yourself: [`RetryLayer::replay_bodies`] wraps every request
-    /// body and lets the retry policy see whether it can be replayed, so that a request
-    /// whose body went over the cap, or was not sent to its end, is simply not retried.
-    /// A replay that is polled all the same (say a `ReplayBody` built by hand under the
-    /// plain [`RetryLayer`]) fails with [`NotReplayable`] rather than send a truncated
-    /// body as if it were whole.
-    ///
-    /// # Clone
-    ///
-    /// Clones share one buffer. Only the original streams the inner body; a clone yields
-    /// the kept frames and trailers, and is only sent by the retry layer once the
-    /// original was sent completely and within the cap.
-    ///
-    /// ```
-    /// use bytes::Bytes;
-    /// use http_body_util::{BodyExt, Full};
-    /// use stormguard::ReplayBody;
-    ///
-    /// # tokio_test_block_on(async {
-    /// let original = ReplayBody::new(Full::new(Bytes::from_static(b"hello")), 1024);
-    /// let replay = original.clone();
-    /// assert_eq!(original.collect().await?.to_bytes(), "hello");
-    /// assert!(replay.is_replayable());
-    /// assert_eq!(replay.collect().await?.to_bytes(), "hello");
-    /// # Ok::<(), stormguard::BoxError>(())
-    /// # });
-    /// # fn tokio_test_block_on<F: std::future::Future>(f: F) -> F::Output {
-    /// #     tokio::runtime::Builder::new_current_thread().build().expect("runtime").block_on(f)
-    /// # }
-    /// ```
-    ///
-    /// [`RetryLayer`]: crate::RetryLayer
-    /// [`RetryLayer::replay_bodies`]: crate::RetryLayer::replay_bodies
-    pub struct ReplayBody<B> {
-        shared: Arc<Mutex<Kept>>,
-        #[pin]
-        inner: Option<B>,
-        next_frame: usize,
-        trailers_sent: bool,
-        // The original's frame read ahead of hyper (see `poll_frame`), to hand out next.
-        ahead: Option<Result<Frame<Bytes>, BoxError>>,
-        // The original's end, read ahead of hyper.
-        ended: bool,
-    }
+/// A request body that can be sent again: the first attempt streams the wrapped body
+/// and keeps its frames (up to a cap); clones replay them.
+///
+/// You rarely build one yourself: [`RetryLayer::replay_bodies`] wraps every request
+/// body and lets the retry policy see whether it can be replayed, so that a request
+/// whose body went over the cap, or was not sent to its end, is simply not retried.
+/// A replay that is polled all the same (say a `ReplayBody` built by hand under the
+/// plain [`RetryLayer`]) fails with [`NotReplayable`] rather than send a truncated
+/// body as if it were whole.
+///
+/// # Clone
+///
+/// Clones share one buffer. Only the original streams the inner body; a clone yields
+/// the kept frames and trailers, and is only sent by the retry layer once the original
+/// was sent completely and within the cap, or was dropped before any of it was read
+/// (the request never left): the next clone polled then streams the body itself, and
+/// keeps it as the original would have.
+///
+/// ```
+/// use bytes::Bytes;
+/// use http_body_util::{BodyExt, Full};
+/// use stormguard::ReplayBody;
+///
+/// # tokio_test_block_on(async {
+/// let original = ReplayBody::new(Full::new(Bytes::from_static(b"hello")), 1024);
+/// let replay = original.clone();
+/// assert_eq!(original.collect().await?.to_bytes(), "hello");
+/// assert!(replay.is_replayable());
+/// assert_eq!(replay.collect().await?.to_bytes(), "hello");
+/// # Ok::<(), stormguard::BoxError>(())
+/// # });
+/// # fn tokio_test_block_on<F: std::future::Future>(f: F) -> F::Output {
+/// #     tokio::runtime::Builder::new_current_thread().build().expect("runtime").block_on(f)
+/// # }
+/// ```
+///
+/// [`RetryLayer`]: crate::RetryLayer
+/// [`RetryLayer::replay_bodies`]: crate::RetryLayer::replay_bodies
+pub struct ReplayBody<B> {
+    shared: Arc<Mutex<Kept<B>>>,
+    // The body itself, on the copy that streams it (boxed, so that it can be handed
+    // on to another copy if this one is dropped before reading it).
+    inner: Option<Pin<Box<B>>>,
+    // Whether this copy has read from `inner` yet.
+    read: bool,
+    next_frame: usize,
+    trailers_sent: bool,
+    // The original's frame read ahead of hyper (see `poll_frame`), to hand out next.
+    ahead: Option<Result<Frame<Bytes>, BoxError>>,
+    // The original's end, read ahead of hyper.
+    ended: bool,
 }
 
-#[derive(Debug)]
-struct Kept {
+struct Kept<B> {
     frames: Vec<Bytes>,
     trailers: Option<HeaderMap>,
     bytes: usize,
@@ -92,6 +97,22 @@ struct Kept {
     complete: bool,
     /// Past the cap, or the original failed: nothing is kept any more.
     abandoned: bool,
+    /// The body, untouched, left by a copy dropped before it read any of it: the next
+    /// copy polled streams it.
+    untouched: Option<Pin<Box<B>>>,
+}
+
+impl<B> std::fmt::Debug for Kept<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kept")
+            .field("frames", &self.frames.len())
+            .field("bytes", &self.bytes)
+            .field("cap", &self.cap)
+            .field("complete", &self.complete)
+            .field("abandoned", &self.abandoned)
+            .field("untouched", &self.untouched.is_some())
+            .finish()
+    }
 }
 
 impl<B> ReplayBody<B> {
@@ -105,8 +126,10 @@ impl<B> ReplayBody<B> {
                 cap: max_bytes,
                 complete: false,
                 abandoned: false,
+                untouched: None,
             })),
-            inner: Some(body),
+            inner: Some(Box::pin(body)),
+            read: false,
             next_frame: 0,
             trailers_sent: false,
             ahead: None,
@@ -114,8 +137,8 @@ impl<B> ReplayBody<B> {
         }
     }
 
-    /// Whether a clone can replay the whole body: the original was streamed to its end
-    /// and fit under the cap.
+    /// Whether a clone can send the whole body: the original was streamed to its end
+    /// and fit under the cap, or was dropped before any of it was read.
     pub fn is_replayable(&self) -> bool {
         self.kept().is_replayable()
     }
@@ -125,17 +148,36 @@ impl<B> ReplayBody<B> {
         self.kept().bytes
     }
 
-    fn kept(&self) -> MutexGuard<'_, Kept> {
+    fn kept(&self) -> MutexGuard<'_, Kept<B>> {
         lock(&self.shared)
     }
 
-    pub(crate) fn handle(&self) -> ReplayHandle {
+    pub(crate) fn handle(&self) -> ReplayHandle
+    where
+        B: Send + 'static,
+    {
         ReplayHandle(self.shared.clone())
     }
 }
 
-fn lock(shared: &Mutex<Kept>) -> MutexGuard<'_, Kept> {
+fn lock<B>(shared: &Mutex<Kept<B>>) -> MutexGuard<'_, Kept<B>> {
     shared.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl<B> Drop for ReplayBody<B> {
+    /// A copy dropped before it read any of its body leaves the body, untouched, to the
+    /// next copy (the request was never sent: refused, or handed back unwritten).
+    fn drop(&mut self) {
+        if self.read {
+            return;
+        }
+        if let Some(inner) = self.inner.take() {
+            let mut kept = lock(&self.shared);
+            if kept.frames.is_empty() && !kept.complete && !kept.abandoned {
+                kept.untouched = Some(inner);
+            }
+        }
+    }
 }
 
 impl<B> Clone for ReplayBody<B> {
@@ -143,6 +185,7 @@ impl<B> Clone for ReplayBody<B> {
         ReplayBody {
             shared: self.shared.clone(),
             inner: None,
+            read: false,
             next_frame: 0,
             trailers_sent: false,
             ahead: None,
@@ -164,8 +207,14 @@ impl<B> std::fmt::Debug for ReplayBody<B> {
     }
 }
 
-impl Kept {
+impl<B> Kept<B> {
+    /// Whether a copy can send the whole body: the kept frames, or the untouched body.
     fn is_replayable(&self) -> bool {
+        self.whole() || self.untouched.is_some()
+    }
+
+    /// Whether the kept frames are the whole body.
+    fn whole(&self) -> bool {
         self.complete && !self.abandoned
     }
 
@@ -233,47 +282,52 @@ where
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = self.project();
-        let Some(mut inner) = this.inner.as_pin_mut() else {
+        let this = self.get_mut();
+        if this.inner.is_none() && !this.read {
+            // A copy takes over a body its original left untouched, if there is one.
+            this.inner = lock(&this.shared).untouched.take();
+        }
+        let Some(inner) = this.inner.as_mut() else {
             // A replay: hand out what the original kept, if it is the whole body.
-            let kept = lock(this.shared);
-            if !kept.is_replayable() {
+            let kept = lock(&this.shared);
+            if !kept.whole() {
                 return Poll::Ready(Some(Err(NotReplayable.into())));
             }
-            if let Some(data) = kept.frames.get(*this.next_frame) {
-                *this.next_frame += 1;
+            if let Some(data) = kept.frames.get(this.next_frame) {
+                this.next_frame += 1;
                 return Poll::Ready(Some(Ok(Frame::data(data.clone()))));
             }
-            if !*this.trailers_sent {
-                *this.trailers_sent = true;
+            if !this.trailers_sent {
+                this.trailers_sent = true;
                 if let Some(trailers) = &kept.trailers {
                     return Poll::Ready(Some(Ok(Frame::trailers(trailers.clone()))));
                 }
             }
             return Poll::Ready(None);
         };
-        if *this.ended {
+        if this.ended {
             return Poll::Ready(None);
         }
         if let Some(ahead) = this.ahead.take() {
             // Already kept when it was read ahead.
             return Poll::Ready(Some(ahead));
         }
+        this.read = true;
         let frame = match inner.as_mut().poll_frame(cx) {
             Poll::Pending => return Poll::Pending,
             Poll::Ready(None) => {
-                lock(this.shared).complete = true;
-                *this.ended = true;
+                lock(&this.shared).complete = true;
+                this.ended = true;
                 return Poll::Ready(None);
             }
             Poll::Ready(Some(Err(err))) => {
-                lock(this.shared).abandon();
+                lock(&this.shared).abandon();
                 return Poll::Ready(Some(Err(err.into())));
             }
             Poll::Ready(Some(Ok(frame))) => into_bytes(frame),
         };
         {
-            let mut kept = lock(this.shared);
+            let mut kept = lock(&this.shared);
             kept.record(&frame);
             if frame.is_data() && inner.is_end_stream() {
                 // It says it has ended: hyper polls no further, and nothing follows.
@@ -291,17 +345,17 @@ where
             match inner.as_mut().poll_frame(cx) {
                 Poll::Pending => {}
                 Poll::Ready(None) => {
-                    lock(this.shared).complete = true;
-                    *this.ended = true;
+                    lock(&this.shared).complete = true;
+                    this.ended = true;
                 }
                 Poll::Ready(Some(Err(err))) => {
-                    lock(this.shared).abandon();
-                    *this.ahead = Some(Err(err.into()));
+                    lock(&this.shared).abandon();
+                    this.ahead = Some(Err(err.into()));
                 }
                 Poll::Ready(Some(Ok(next))) => {
                     let next = into_bytes(next);
-                    lock(this.shared).record(&next);
-                    *this.ahead = Some(Ok(next));
+                    lock(&this.shared).record(&next);
+                    this.ahead = Some(Ok(next));
                 }
             }
         }
@@ -323,7 +377,11 @@ where
             }
             None => {
                 let kept = self.kept();
-                kept.is_replayable()
+                if let Some(untouched) = kept.untouched.as_ref().filter(|_| !self.read) {
+                    // What this copy will stream once polled.
+                    return untouched.is_end_stream();
+                }
+                kept.whole()
                     && self.next_frame >= kept.frames.len()
                     && (self.trailers_sent || kept.trailers.is_none())
             }
@@ -335,7 +393,12 @@ where
             Some(inner) => inner.size_hint(),
             None => {
                 let kept = self.kept();
-                if !kept.is_replayable() {
+                if let Some(untouched) = kept.untouched.as_ref().filter(|_| !self.read) {
+                    // What this copy will stream once polled (hyper reads it first,
+                    // for the `content-length`).
+                    return untouched.size_hint();
+                }
+                if !kept.whole() {
                     return SizeHint::default();
                 }
                 let left: usize = kept
@@ -354,20 +417,31 @@ fn into_bytes<D: Buf>(frame: Frame<D>) -> Frame<Bytes> {
     frame.map_data(|mut data| data.copy_to_bytes(data.remaining()))
 }
 
+/// What the retry policy asks of a [`ReplayBody`]'s shared state, whatever its body.
+trait Replayable: Send + Sync {
+    fn is_replayable(&self) -> bool;
+}
+
+impl<B: Send> Replayable for Mutex<Kept<B>> {
+    fn is_replayable(&self) -> bool {
+        lock(self).is_replayable()
+    }
+}
+
 /// The retry policy's view of a [`ReplayBody`], carried in the request extensions.
 #[derive(Clone)]
-pub(crate) struct ReplayHandle(Arc<Mutex<Kept>>);
+pub(crate) struct ReplayHandle(Arc<dyn Replayable>);
 
 impl ReplayHandle {
     pub(crate) fn is_replayable(&self) -> bool {
-        lock(&self.0).is_replayable()
+        self.0.is_replayable()
     }
 }
 
 impl std::fmt::Debug for ReplayHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_tuple("ReplayHandle")
-            .field(&*lock(&self.0))
+        f.debug_struct("ReplayHandle")
+            .field("replayable", &self.is_replayable())
             .finish()
     }
 }
@@ -473,6 +547,37 @@ mod tests {
             .await
             .expect_err("truncated bodies are never sent");
         assert!(err.is::<NotReplayable>());
+    }
+
+    #[tokio::test]
+    async fn a_body_never_read_is_handed_to_the_next_copy() {
+        // The first attempt's connection was refused: its copy is dropped unread.
+        let original =
+            ReplayBody::new(Frames::new(&["ab", "cd"], Some(("grpc-status", "0"))), 1024);
+        let (retry, later) = (original.clone(), original.clone());
+        assert!(!retry.is_replayable(), "the original may still send it");
+        drop(original);
+        assert!(retry.is_replayable() && later.is_replayable());
+        // The retry streams it, whole, trailers and all...
+        let sent = retry.collect().await.expect("streamed");
+        assert_eq!(
+            sent.trailers().map(|t| t["grpc-status"].clone()),
+            Some("0".parse().expect("value"))
+        );
+        assert_eq!(sent.to_bytes(), "abcd");
+        // ...keeping it as the original would have, for the next copy.
+        let replayed = later.collect().await.expect("replayed");
+        assert_eq!(replayed.to_bytes(), "abcd");
+    }
+
+    #[test]
+    fn a_copy_of_a_body_never_read_reports_its_size() {
+        let original = ReplayBody::new(Full::new(Bytes::from_static(b"hello")), 1024);
+        let retry = original.clone();
+        drop(original);
+        // hyper reads the size before the first poll, for the `content-length`.
+        assert_eq!(retry.size_hint().exact(), Some(5));
+        assert!(!retry.is_end_stream());
     }
 
     /// A body with an exact size hint (the bytes left) that never says it has ended, as

@@ -132,6 +132,7 @@ pub struct ReplayRetry<S> {
 impl<S, B> Service<Request<B>> for ReplayRetry<S>
 where
     Retry<S>: Service<Request<ReplayBody<B>>>,
+    B: Send + 'static,
 {
     type Response = <Retry<S> as Service<Request<ReplayBody<B>>>>::Response;
     type Error = <Retry<S> as Service<Request<ReplayBody<B>>>>::Error;

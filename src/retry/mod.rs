@@ -52,13 +52,13 @@
 //!
 //! An error is inspected when it is a [`BoxError`](crate::BoxError) (what tower's
 //! timeout, stormguard's breaker and most middleware return) or one of hyper's,
-//! hyper-util's, h2's (each with the feature of its name, on by default), `std::io`'s
-//! or tower's `Elapsed`; its `source()` chain is then walked for the causes listed in
-//! the crate's error classification (connect errors, refused connections, h2
-//! `REFUSED_STREAM` and GOAWAY, resets, timeouts). An error of
-//! another concrete type, say `tonic::transport::Error` with a `Channel` directly under
-//! the retry layer, cannot be looked into and is not retried: put a layer that boxes
-//! errors below the retry (the per-attempt timeout does), or `.map_err(BoxError::from)`.
+//! hyper-util's, h2's (each with the feature of its name, on by default), tonic's
+//! `transport::Error` (with the `tonic` feature), `std::io`'s or tower's `Elapsed`; its
+//! `source()` chain is then walked for the causes listed in the crate's error
+//! classification (connect errors, refused connections, h2 `REFUSED_STREAM` and GOAWAY,
+//! resets, timeouts). An error of another concrete type cannot be looked into and is
+//! not retried: put a layer that boxes errors below the retry (the per-attempt timeout
+//! does), or `.map_err(BoxError::from)`.
 //!
 //! # Per-request control
 //!
