@@ -196,6 +196,10 @@ fn classify_one(err: &(dyn Error + 'static)) -> Option<ErrorClass> {
         let refused = err.reason() == Some(h2::Reason::REFUSED_STREAM);
         return Some(if (refused || err.is_go_away()) && err.is_remote() {
             ErrorClass::Unprocessed
+        } else if err.is_reset() && !err.is_remote() && !err.is_library() {
+            // A reset the client sent itself: hyper resets a stream whose request body
+            // failed (over HTTP/1 that is hyper's user error, above).
+            ErrorClass::Local
         } else if err.is_reset() || err.is_go_away() || err.is_io() {
             ErrorClass::MaybeProcessed
         } else {
@@ -210,8 +214,10 @@ fn classify_one(err: &(dyn Error + 'static)) -> Option<ErrorClass> {
             return Some(ErrorClass::Unprocessed);
         }
         // The request's own body failed (its source is the caller's error, whatever it
-        // says), or was shorter than its length: nothing the dependency did.
-        if err.is_user() {
+        // says), or was shorter than its length: nothing the dependency did. But for
+        // the client's connection task being gone (its runtime shut down, or it
+        // panicked), which hyper files under user errors too: that is looked into.
+        if err.is_user() && !displays_as(err, "dispatch task is gone") {
             return Some(ErrorClass::Local);
         }
         let transient = err.is_timeout() || err.is_closed() || err.is_incomplete_message();
@@ -233,6 +239,13 @@ fn classify_one(err: &(dyn Error + 'static)) -> Option<ErrorClass> {
 
 #[cfg(feature = "hyper-util")]
 fn is_hyper_util_canceled(err: &hyper_util::client::legacy::Error) -> bool {
+    displays_as(err, "client error (Canceled)")
+}
+
+/// Whether `err` displays as exactly `text`, found without allocating: for the kinds
+/// hyper and hyper-util name in their `Display` but give no accessor for.
+#[cfg(feature = "hyper")]
+fn displays_as(err: &dyn std::fmt::Display, text: &str) -> bool {
     use std::fmt::Write;
     /// Compares what is written with one expected text, without allocating.
     struct Matches<'a> {
@@ -249,7 +262,7 @@ fn is_hyper_util_canceled(err: &hyper_util::client::legacy::Error) -> bool {
         }
     }
     let mut m = Matches {
-        rest: "client error (Canceled)",
+        rest: text,
         ok: true,
     };
     let _ = write!(m, "{err}");

@@ -883,3 +883,46 @@ async fn the_inner_service_is_cloned_only_for_a_request_that_retries() {
     assert_eq!(Attempts::of(&response), 3);
     assert_eq!(clones.load(SeqCst), made + 1, "one clone for both retries");
 }
+
+/// A streaming request body whose connection was refused before any of it was read is
+/// sent whole by the retry: the body is handed on, not lost with the first attempt.
+#[tokio::test(start_paused = true)]
+async fn a_streaming_body_never_read_is_sent_whole_by_the_retry() {
+    use bytes::Bytes;
+    use http_body_util::{BodyExt, StreamBody};
+    use stormguard::ReplayBody;
+    type Body = ReplayBody<StreamBody<futures_util::stream::Iter<std::vec::IntoIter<FrameResult>>>>;
+    type FrameResult = Result<http_body::Frame<Bytes>, io::Error>;
+
+    let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = calls.clone();
+    let upstream = tower::service_fn(move |req: Request<Body>| {
+        let call = seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        async move {
+            if call == 0 {
+                // Refused: the request is dropped unread.
+                drop(req);
+                return Err::<Response<Bytes>, BoxError>(Box::new(io::Error::from(
+                    io::ErrorKind::ConnectionRefused,
+                )));
+            }
+            let body = req.into_body().collect().await?.to_bytes();
+            Ok(Response::new(body))
+        }
+    });
+    let policy = policy().build().expect("policy");
+    let client = ServiceBuilder::new()
+        .layer(RetryLayer::new(policy.clone()).replay_bodies())
+        .service(upstream);
+    let frames: Vec<FrameResult> = ["order ", "of ", "three"]
+        .into_iter()
+        .map(|s| Ok(http_body::Frame::data(Bytes::from_static(s.as_bytes()))))
+        .collect();
+    let request = Request::post("http://upstream/orders")
+        .body(StreamBody::new(futures_util::stream::iter(frames)))
+        .expect("request");
+    let response = client.oneshot(request).await.expect("retried");
+    assert_eq!(response.into_body(), "order of three");
+    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 2);
+    assert_eq!(policy.stats().retries, 1);
+}

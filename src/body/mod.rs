@@ -312,20 +312,23 @@ where
             // Already kept when it was read ahead.
             return Poll::Ready(Some(ahead));
         }
-        this.read = true;
         let frame = match inner.as_mut().poll_frame(cx) {
+            // Nothing read yet: still whole, and handed on if this copy is dropped.
             Poll::Pending => return Poll::Pending,
             Poll::Ready(None) => {
+                this.read = true;
                 lock(&this.shared).complete = true;
                 this.ended = true;
                 return Poll::Ready(None);
             }
             Poll::Ready(Some(Err(err))) => {
+                this.read = true;
                 lock(&this.shared).abandon();
                 return Poll::Ready(Some(Err(err.into())));
             }
             Poll::Ready(Some(Ok(frame))) => into_bytes(frame),
         };
+        this.read = true;
         {
             let mut kept = lock(&this.shared);
             kept.record(&frame);
@@ -420,11 +423,16 @@ fn into_bytes<D: Buf>(frame: Frame<D>) -> Frame<Bytes> {
 /// What the retry policy asks of a [`ReplayBody`]'s shared state, whatever its body.
 trait Replayable: Send + Sync {
     fn is_replayable(&self) -> bool;
+    fn is_whole(&self) -> bool;
 }
 
 impl<B: Send> Replayable for Mutex<Kept<B>> {
     fn is_replayable(&self) -> bool {
         lock(self).is_replayable()
+    }
+
+    fn is_whole(&self) -> bool {
+        lock(self).whole()
     }
 }
 
@@ -433,8 +441,15 @@ impl<B: Send> Replayable for Mutex<Kept<B>> {
 pub(crate) struct ReplayHandle(Arc<dyn Replayable>);
 
 impl ReplayHandle {
+    /// Whether one more copy can send the whole body: from the kept frames, or by
+    /// streaming a body the original left unread (which only one copy can).
     pub(crate) fn is_replayable(&self) -> bool {
         self.0.is_replayable()
+    }
+
+    /// Whether the kept frames are the whole body, for any number of copies.
+    pub(crate) fn is_whole(&self) -> bool {
+        self.0.is_whole()
     }
 }
 

@@ -261,7 +261,9 @@ where
             }
             next.due = true;
         }
-        if self.replay.as_ref().is_some_and(|r| !r.is_replayable()) {
+        // Hedges run side by side, so each needs the kept frames: a body the original
+        // left unread could go to one copy only.
+        if self.replay.as_ref().is_some_and(|r| !r.is_whole()) {
             self.stop(Stop::NotReplayable);
             return false;
         }

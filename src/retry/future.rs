@@ -53,6 +53,8 @@ pin_project! {
         },
         // Waiting for the service to be ready for the next attempt.
         Retrying,
+        // An attempt has ended and its future is gone: the policy decides.
+        Deciding,
     }
 }
 
@@ -86,6 +88,7 @@ where
             State::Called { .. } => "called",
             State::Waiting { .. } => "waiting",
             State::Retrying => "retrying",
+            State::Deciding => "deciding",
         };
         f.debug_struct("ResponseFuture")
             .field(
@@ -111,6 +114,10 @@ where
             match this.state.as_mut().project() {
                 StateProj::Called { future } => {
                     let mut result = ready!(future.poll(cx));
+                    // Drop the attempt (and the request it may still hold) before the
+                    // policy looks at the copy: a body the attempt never read is then
+                    // handed on to the copy (see `ReplayBody`).
+                    this.state.set(State::Deciding);
                     let Some(copy) = this.copy.as_mut() else {
                         return Poll::Ready(result);
                     };
@@ -136,6 +143,11 @@ where
                 StateProj::Waiting { wait } => {
                     ready!(wait.poll(cx));
                     this.state.set(State::Retrying);
+                }
+                StateProj::Deciding => {
+                    // Only between an attempt's end and the policy's answer, within one
+                    // poll; a future polled after it completed stays pending.
+                    return Poll::Pending;
                 }
                 StateProj::Retrying => {
                     let core = &**this.core;

@@ -163,7 +163,8 @@ pub enum GiveUp {
     RetryAfterTooLong,
     /// The body went over the replay cap, or was not completely sent.
     BodyNotReplayable,
-    /// The gRPC server said not to retry (negative or unparseable pushback).
+    /// A gRPC response said not to retry: a negative or unparseable pushback, or one of
+    /// the headers [`DontRetry`](GiveUp::DontRetry) names.
     Pushback,
     /// A circuit breaker is open.
     CircuitOpen,
@@ -172,6 +173,7 @@ pub enum GiveUp {
     /// The server said its own dependencies gave up: `x-no-retry` (or Finagle's
     /// `finagle-http-nonretryable-nack`; see [`signals`](crate::signals)), or a proxy
     /// said it shed the request (Envoy's `x-envoy-overloaded`, `x-envoy-ratelimited`).
+    /// On a gRPC response the reason is [`Pushback`](GiveUp::Pushback).
     DontRetry,
 }
 
@@ -302,9 +304,10 @@ fn plain_success<B>(res: &Response<B>) -> bool {
 ///
 /// # Clone
 ///
-/// Tower clones the policy for every request. Clones share the configuration, the
-/// budget and the counters (an `Arc`); each request's attempt count and random stream
-/// are its own.
+/// Clones share the configuration, the budget and the counters (an `Arc`); each
+/// request's attempt count and random stream are its own. tower's own `Retry` clones
+/// the policy for every request; stormguard's [`Retry`] makes a request its copy only
+/// when its first attempt is not a plain success.
 ///
 /// ```
 /// use std::time::Duration;

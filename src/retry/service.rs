@@ -75,7 +75,8 @@ impl<S> Retry<S> {
         &self.inner
     }
 
-    /// The inner service first attempts go to, mutably.
+    /// The inner service first attempts go to, mutably. Retries go through a clone of
+    /// the service as the layer wrapped it, which changes made here do not reach.
     pub fn get_mut(&mut self) -> &mut S {
         &mut self.inner
     }

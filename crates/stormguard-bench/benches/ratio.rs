@@ -7,8 +7,8 @@
 //! `cargo bench -p stormguard-bench --bench ratio` (`-- --processes P --rounds N`, 5 and
 //! 200 by default, of 2000 calls per stack). Each process measures every stack; for each
 //! stack the bench prints the median time per call and the median, over the processes, of
-//! the median per-round ratio of its overhead over `bare` to tower with its budget's,
-//! with each process's ratio beside it. Built, like the criterion benches of this crate,
+//! the ratio of its median overhead over `bare` (each round against the same round's
+//! `bare`) to tower with its budget's, with each process's ratio beside it. Built, like the criterion benches of this crate,
 //! without tokio's `test-util`.
 
 use std::future::Future;
@@ -183,7 +183,8 @@ fn quantile(values: &mut [f64], q: f64) -> f64 {
 }
 
 /// One process's measurement of a group: per stack, the median time per call and the
-/// median of the per-round ratios of its overhead to tower with its budget's.
+/// ratio of its median overhead over `bare` (per round, against the same round's
+/// `bare`) to tower with its budget's.
 fn measure(rt: &tokio::runtime::Runtime, make: MakeRequest, rounds: usize) -> Vec<(f64, f64)> {
     let stacks = stacks(make);
     let n = stacks.len();
@@ -200,18 +201,11 @@ fn measure(rt: &tokio::runtime::Runtime, make: MakeRequest, rounds: usize) -> Ve
     }
     let overhead =
         |i: usize| -> Vec<f64> { (0..rounds).map(|r| times[i][r] - times[0][r]).collect() };
-    let reference = overhead(1);
+    let reference = quantile(&mut overhead(1), 0.5);
     (0..n)
         .map(|i| {
-            let mut ratios: Vec<f64> = overhead(i)
-                .iter()
-                .zip(&reference)
-                .map(|(o, r)| o / r)
-                .collect();
-            (
-                quantile(&mut times[i].clone(), 0.5),
-                quantile(&mut ratios, 0.5),
-            )
+            let median = quantile(&mut overhead(i), 0.5);
+            (quantile(&mut times[i].clone(), 0.5), median / reference)
         })
         .collect()
 }
@@ -269,7 +263,11 @@ fn main() {
             .args(["--child", "--rounds", &rounds.to_string()])
             .output()
             .expect("run a measuring process");
-        assert!(out.status.success(), "a measuring process failed");
+        assert!(
+            out.status.success(),
+            "a measuring process failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let mut groups = vec![Vec::new(); GROUPS.len()];
         for line in String::from_utf8_lossy(&out.stdout).lines() {
             let f: Vec<&str> = line.split(' ').collect();

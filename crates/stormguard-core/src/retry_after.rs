@@ -231,7 +231,9 @@ pub enum Pushback {
 /// assert_eq!(parse_grpc_pushback(&HeaderValue::from_static("2147483648")), Pushback::DontRetry);
 /// ```
 pub fn parse_grpc_pushback(value: &HeaderValue) -> Pushback {
-    // An int32 as grpc-go and grpc-java read one: an optional sign, then digits.
+    // An int32 as grpc-java reads one (`Integer.valueOf`): an optional sign, then
+    // digits. grpc-go's `strconv.Atoi` reads 64 bits; past 2^31 - 1 ms (24 days) this
+    // reads "do not retry", as grpc-java does.
     let parsed = std::str::from_utf8(value.as_bytes())
         .ok()
         .filter(|text| {
@@ -445,8 +447,8 @@ mod tests {
             p("2147483647"),
             Pushback::After(Duration::from_millis(2_147_483_647))
         );
-        // An int32 as grpc-go (`strconv.Atoi`) and grpc-java (`Integer.valueOf`) read
-        // one: a sign is allowed.
+        // A sign is allowed, as grpc-go (`strconv.Atoi`) and grpc-java
+        // (`Integer.valueOf`) allow it.
         assert_eq!(p("+5"), Pushback::After(Duration::from_millis(5)));
         assert_eq!(p("-0"), Pushback::After(Duration::ZERO));
         for bad in [

@@ -44,12 +44,15 @@ pub(super) fn read_value(path: &str, value: &Value) -> Result<ServiceConfig, Con
     if let Some(configs) = top.list("methodConfig", |path, v| Ok((path.to_owned(), v)))? {
         for (path, config) in configs {
             let mut t = Table::new(path.clone(), config)?;
-            let policy = read_method(&mut t)?;
             let names = t
                 .list("name", |path, v| Ok((path.to_owned(), v)))?
                 .unwrap_or_default();
             // A method config that names no method applies to none: grpc-go and
-            // grpc-java skip it, and so does this reader.
+            // grpc-java skip it, unread, and so does this reader.
+            if names.is_empty() {
+                continue;
+            }
+            let policy = read_method(&mut t)?;
             for (name_path, name) in names {
                 let key = read_name(&name_path, name)?;
                 if let Some(first) = first_seen.insert(key.display(), name_path.clone()) {
@@ -415,15 +418,15 @@ mod tests {
         );
     }
 
-    /// A method config that names no method applies to none: skipped, as grpc-go and
-    /// grpc-java skip it.
+    /// A method config that names no method applies to none: skipped unread (its
+    /// policies are not checked either), as grpc-go and grpc-java skip it.
     #[test]
     fn a_method_config_without_names_is_skipped() {
         let table = methods(
             r#"{"methodConfig": [
               {"retryPolicy": {"maxAttempts": 2, "initialBackoff": "1s", "maxBackoff": "1s",
                 "backoffMultiplier": 1, "retryableStatusCodes": [14]}},
-              {"name": [], "hedgingPolicy": {"maxAttempts": 2}},
+              {"name": [], "hedgingPolicy": {"maxAttempts": 1}},
               {"name": [{"service": "a.A"}], "hedgingPolicy": {"maxAttempts": 2}}
             ]}"#,
         );
