@@ -196,11 +196,10 @@ fn classify_one(err: &(dyn Error + 'static)) -> Option<ErrorClass> {
         let refused = err.reason() == Some(h2::Reason::REFUSED_STREAM);
         return Some(if (refused || err.is_go_away()) && err.is_remote() {
             ErrorClass::Unprocessed
-        } else if err.is_reset() && !err.is_remote() && !err.is_library() {
-            // A reset the client sent itself: hyper resets a stream whose request body
-            // failed (over HTTP/1 that is hyper's user error, above).
-            ErrorClass::Local
         } else if err.is_reset() || err.is_go_away() || err.is_io() {
+            // Resets the client sent itself too: over HTTP/2 hyper resets a stream whose
+            // request body failed, and the caller sees that reset, not hyper's user
+            // error (which HTTP/1 gives, above).
             ErrorClass::MaybeProcessed
         } else {
             ErrorClass::Unknown
