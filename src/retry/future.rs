@@ -13,6 +13,8 @@ use tower::retry::Policy;
 use tower_service::Service;
 
 use super::service::Core;
+use stormguard_core::Class;
+
 use super::{plain_success, RetryPolicy, Wait};
 
 pin_project! {
@@ -124,7 +126,10 @@ where
                     let policy = match this.policy {
                         Some(policy) => policy,
                         None if result.as_ref().is_ok_and(plain_success) => {
-                            this.core.policy.shared.first_attempt_succeeded();
+                            // What the policy's own fast path records, for attempt 1.
+                            let shared = &this.core.policy.shared;
+                            shared.record_outcome(Class::Success, true);
+                            shared.call_ended(1);
                             return Poll::Ready(result);
                         }
                         None => this

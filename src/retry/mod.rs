@@ -271,22 +271,36 @@ struct Shared {
 }
 
 impl Shared {
-    /// Records a request's first send at `now`: counted, and paid into the budget.
-    fn first_send(&self, now: Instant) {
+    /// Records a request's first send at `now` (counted, paid into the budget), and
+    /// says whether a copy is worth keeping: not for a request marked [`NoRetry`],
+    /// which is sent once whatever happens.
+    fn first_send<B>(&self, req: &Request<B>, now: Instant) -> bool {
         bump(&self.counters.requests);
         #[cfg(feature = "metrics")]
         self.metrics.attempt(&self.name, 1);
         self.budget.deposit(now);
+        req.extensions().get::<NoRetry>().is_none()
     }
 
-    /// Records a request whose first attempt succeeded: the throttle's success, and
-    /// its end in the metrics.
-    fn first_attempt_succeeded(&self) {
+    /// gRFC A6: every answer of the server moves the throttle's token count (a
+    /// transport error is not the server's answer, and does not).
+    fn record_outcome(&self, class: Class, answered: bool) {
         if let Some(throttle) = &self.throttle {
-            throttle.record_success();
+            match class {
+                Class::Success => throttle.record_success(),
+                Class::Retryable { .. } | Class::DontRetry if answered => throttle.record_failure(),
+                _ => {}
+            }
         }
+    }
+
+    /// A request's outcome handed back after `attempts` attempts, for the metrics.
+    fn call_ended(&self, attempts: u32) {
         #[cfg(feature = "metrics")]
-        self.metrics.call_ended(&self.name, 0);
+        self.metrics
+            .call_ended(&self.name, attempts.saturating_sub(1));
+        #[cfg(not(feature = "metrics"))]
+        let _ = attempts;
     }
 }
 
@@ -527,15 +541,7 @@ impl RetryPolicy {
     /// answered, with a response rather than a transport error).
     fn count_attempt(&mut self, class: Class, answered: bool) {
         self.attempts += 1;
-        if let Some(throttle) = &self.shared.throttle {
-            // gRFC A6: every answer of the server moves the token count (a transport
-            // error is not the server's answer, and does not).
-            match class {
-                Class::Success => throttle.record_success(),
-                Class::Retryable { .. } | Class::DontRetry if answered => throttle.record_failure(),
-                _ => {}
-            }
-        }
+        self.shared.record_outcome(class, answered);
     }
 
     /// Hands the outcome back: records why (if it is a give-up) and the attempt count.
@@ -553,10 +559,7 @@ impl RetryPolicy {
         if let Some(why) = why {
             self.give_up(why, attempts);
         }
-        #[cfg(feature = "metrics")]
-        self.shared
-            .metrics
-            .call_ended(&self.shared.name, attempts.saturating_sub(1));
+        self.shared.call_ended(attempts);
         None
     }
 
@@ -1077,9 +1080,7 @@ where
     fn clone_request(&mut self, req: &Request<B>) -> Option<Request<B>> {
         if self.attempts == 0 && !self.transparent_used {
             let now = tokio::time::Instant::now().into_std();
-            self.shared.first_send(now);
-            // Sent once whatever happens: no copy to keep.
-            if req.extensions().get::<NoRetry>().is_some() {
+            if !self.shared.first_send(req, now) {
                 return None;
             }
             self.deadline = RequestDeadline::SentAt(now);

@@ -8,7 +8,7 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use super::future::ResponseFuture;
-use super::{NoRetry, RetryPolicy};
+use super::RetryPolicy;
 
 /// Retries requests by a [`RetryPolicy`]; made by [`RetryLayer::new`](super::RetryLayer).
 ///
@@ -121,12 +121,11 @@ where
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
         let sent = tokio::time::Instant::now().into_std();
-        self.core.policy.shared.first_send(sent);
-        // A request marked `NoRetry` is sent once whatever happens: no copy to keep.
-        let copy = request
-            .extensions()
-            .get::<NoRetry>()
-            .is_none()
+        let copy = self
+            .core
+            .policy
+            .shared
+            .first_send(&request, sent)
             .then(|| request.clone());
         let future = self.inner.call(request);
         ResponseFuture::new(Arc::clone(&self.core), copy, sent, future)
