@@ -152,7 +152,7 @@ use crate::retry::{is_grpc, safe_to_repeat};
 use crate::{NoRetry, RetryPolicy};
 
 /// gRFC A6 caps hedging at five attempts.
-const MAX_ATTEMPTS: u32 = 5;
+use stormguard_core::methods::MAX_ATTEMPTS;
 
 /// Counters of what a [`HedgePolicy`] (and all its clones) did, read with
 /// [`HedgePolicy::stats`].

@@ -104,7 +104,7 @@ use crate::body::{ReplayHandle, DEFAULT_MAX_REPLAY_BYTES};
 use crate::error_class::{classify_error, ErrorClass};
 
 /// gRFC A6 caps any gRPC retry policy at five attempts.
-const GRPC_MAX_ATTEMPTS: u32 = 5;
+use stormguard_core::methods::MAX_ATTEMPTS as GRPC_MAX_ATTEMPTS;
 
 /// A gRPC call's timeout, rewritten on each retry to the time that remains.
 const GRPC_TIMEOUT: http::HeaderName = http::HeaderName::from_static("grpc-timeout");

@@ -31,8 +31,9 @@ use std::time::Duration;
 use crate::classify::GrpcCodeSet;
 use crate::{Backoff, ConfigError};
 
-/// gRFC A6 caps `maxAttempts` of both policies at 5.
-const MAX_ATTEMPTS: u32 = 5;
+/// gRFC A6 caps `maxAttempts` of both policies at 5: a retry or hedging policy asking
+/// for more gets 5.
+pub const MAX_ATTEMPTS: u32 = 5;
 
 /// What a gRPC method's config says: retry it, hedge it, or neither.
 #[derive(Debug, Clone, Copy, PartialEq)]

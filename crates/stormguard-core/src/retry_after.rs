@@ -231,19 +231,16 @@ pub enum Pushback {
 /// assert_eq!(parse_grpc_pushback(&HeaderValue::from_static("2147483648")), Pushback::DontRetry);
 /// ```
 pub fn parse_grpc_pushback(value: &HeaderValue) -> Pushback {
-    // An int32 as grpc-java reads one (`Integer.valueOf`): an optional sign, then
-    // digits. grpc-go's `strconv.Atoi` reads 64 bits; past 2^31 - 1 ms (24 days) this
-    // reads "do not retry", as grpc-java does.
+    // An int32 as grpc-java reads one (`Integer.valueOf`, as Rust's `i32` parser): an
+    // optional sign, then digits, nothing else. grpc-go's `strconv.Atoi` reads 64 bits;
+    // past 2^31 - 1 ms (24 days) this reads "do not retry", as grpc-java does.
     let parsed = std::str::from_utf8(value.as_bytes())
         .ok()
-        .filter(|text| {
-            let digits = text.strip_prefix(['+', '-']).unwrap_or(text);
-            !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())
-        })
-        .and_then(|text| text.parse::<i32>().ok());
+        .and_then(|text| text.parse::<i32>().ok())
+        .and_then(|ms| u64::try_from(ms).ok());
     match parsed {
-        Some(ms) if ms >= 0 => Pushback::After(Duration::from_millis(ms.unsigned_abs().into())),
-        _ => Pushback::DontRetry,
+        Some(ms) => Pushback::After(Duration::from_millis(ms)),
+        None => Pushback::DontRetry,
     }
 }
 

@@ -12,9 +12,6 @@ use crate::methods::{GrpcHedgePolicy, GrpcRetryPolicy, MethodPolicy, MethodTable
 use crate::throttle::{RetryThrottle, RetryThrottleBuilder};
 use crate::{Backoff, ConfigError, Jitter};
 
-/// A6 caps `maxAttempts` of both policies at 5; larger values are treated as 5.
-const MAX_ATTEMPTS: u32 = 5;
-
 /// What a service config gives a dependency.
 pub(super) struct ServiceConfig {
     pub(super) methods: MethodTable<MethodPolicy>,
@@ -213,11 +210,9 @@ fn read_method(t: &mut Table<'_>) -> Result<MethodPolicy, ConfigError> {
             if list.is_empty() {
                 return Err(ConfigError::at(path, "must not be empty (gRFC A6)"));
             }
-            Ok(MethodPolicy::Retry(GrpcRetryPolicy {
-                max_attempts,
-                backoff,
-                codes: codes(list),
-            }))
+            let policy = GrpcRetryPolicy::new(max_attempts, backoff, codes(list))
+                .map_err(|e| locate(&r, e, &[("maxAttempts", "maxAttempts")]))?;
+            Ok(MethodPolicy::Retry(policy))
         }
         (None, Some(mut h)) => {
             let max_attempts = attempts(&mut h)?;
@@ -225,26 +220,23 @@ fn read_method(t: &mut Table<'_>) -> Result<MethodPolicy, ConfigError> {
                 None => Duration::ZERO,
                 Some(v) => proto_duration(&h.path_of("hedgingDelay"), v)?,
             };
-            if delay > Duration::from_secs(3600) {
-                return Err(ConfigError::at(
-                    h.path_of("hedgingDelay"),
-                    format!("{delay:?} is not from 0s to 1h"),
-                ));
-            }
             let list = h
                 .list("nonFatalStatusCodes", grpc_code)?
                 .unwrap_or_default();
-            Ok(MethodPolicy::Hedge(GrpcHedgePolicy {
-                max_attempts,
-                delay,
-                non_fatal_codes: codes(list),
-            }))
+            let keys = [
+                ("maxAttempts", "maxAttempts"),
+                ("hedgingDelay", "hedgingDelay"),
+            ];
+            let policy = GrpcHedgePolicy::new(max_attempts, delay, codes(list))
+                .map_err(|e| locate(&h, e, &keys))?;
+            Ok(MethodPolicy::Hedge(policy))
         }
         (None, None) => Ok(MethodPolicy::Neither),
     }
 }
 
-/// `maxAttempts`: required, at least 2, read as 5 when above.
+/// `maxAttempts`: required, at least 2 (said here with the number as written; the
+/// policy's constructor reads above 5 as 5).
 fn attempts(t: &mut Table<'_>) -> Result<u32, ConfigError> {
     let path = t.path_of("maxAttempts");
     let v = t
@@ -263,7 +255,7 @@ fn attempts(t: &mut Table<'_>) -> Result<u32, ConfigError> {
             format!("{n} is not at least 2 (gRFC A6)"),
         ));
     }
-    Ok(u32::try_from(n).unwrap_or(u32::MAX).min(MAX_ATTEMPTS))
+    Ok(u32::try_from(n).unwrap_or(u32::MAX))
 }
 
 /// A required number; proto3 JSON readers take it as a string too (`"0.1"`).

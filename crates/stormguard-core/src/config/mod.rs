@@ -688,7 +688,6 @@ mod tests {
             "dependencies.a.budget.ratio: expected a number, found null, nan or inf"
         );
         for text in [
-            "[dependencies.a.budget]\nratio = nan",
             "[dependencies.a.budget]\nratio = inf",
             "[dependencies.a.budget]\npace = -inf",
             "[dependencies.a.retry]\nmax_attempts = 9223372036854775807",
@@ -697,7 +696,7 @@ mod tests {
             "[dependencies.a.retry]\nmax_retry_after = \"-1s\"",
             "[dependencies.a.retry]\nmax_retry_after = \"99999999999999999999h\"",
             "[dependencies.a.retry]\nmax_retry_after = 1979-05-27T07:32:00Z",
-            "[dependencies.a.retry]\nbackoff = { base = \"1ns\", cap = \"584942417355y\" }",
+            "[dependencies.a.retry]\nbackoff = { base = \"1ns\", cap = \"5124096h\" }",
             "[dependencies.a.retry]\nbackoff = { multiplier = 0.0 }",
             "[dependencies.a.retry]\nretryable_statuses = [99, 1000, -5]",
             "[dependencies.a.retry]\nretryable_grpc_codes = [17]",
