@@ -12,8 +12,8 @@ use tower::{service_fn, ServiceBuilder, ServiceExt};
 
 const MS: Duration = Duration::from_millis(1);
 
-/// An upstream that answers `answer(path, attempt)` after `delay(attempt)` and logs
-/// the paths it was sent.
+/// An upstream that answers `answer(attempt)`, a delay and a response, and logs the
+/// paths it was sent.
 #[derive(Clone)]
 struct Upstream {
     calls: Arc<AtomicU32>,

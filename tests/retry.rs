@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use http::{Method, Request, Response, StatusCode};
 use stormguard::{
-    Attempts, Backoff, CircuitOpen, Deadline, Idempotent, Jitter, NoRetry, RetryBudget, RetryLayer,
+    Attempts, Backoff, CircuitOpen, Idempotent, Jitter, NoRetry, RetryBudget, RetryLayer,
     RetryPolicy, Unprocessed,
 };
 use tokio::task::JoinHandle;
@@ -384,6 +384,14 @@ fn grpc_call() -> Request<String> {
         .expect("request")
 }
 
+/// A gRPC call whose caller gives it `timeout` (a `grpc-timeout` value).
+fn grpc_call_within(timeout: &'static str) -> Request<String> {
+    let mut req = grpc_call();
+    req.headers_mut()
+        .insert("grpc-timeout", http::HeaderValue::from_static(timeout));
+    req
+}
+
 fn grpc_status(code: &'static str, pushback: Option<&'static str>) -> Response<String> {
     let mut res = with_header(200, "grpc-status", code);
     if let Some(ms) = pushback {
@@ -699,9 +707,7 @@ async fn a_backoff_that_fits_the_deadline_is_taken() {
 #[tokio::test(start_paused = true)]
 async fn grpc_timeout_is_the_deadline_and_is_rewritten_on_each_retry() {
     let policy = five_attempts_from_100ms();
-    let mut req = grpc_call();
-    req.headers_mut()
-        .insert("grpc-timeout", "1S".parse().expect("header"));
+    let req = grpc_call_within("1S");
     let (call, mut upstream) = start(policy.clone(), req);
     let first = answer_now(&mut upstream, grpc_status("14", None)).await;
     assert_eq!(first.headers()["grpc-timeout"], "1S");
@@ -771,9 +777,7 @@ async fn a6_throttling_stops_retries_at_half_the_tokens() {
 #[tokio::test(start_paused = true)]
 async fn a_transparent_retry_honours_the_deadline_and_rewrites_grpc_timeout() {
     let policy = policy().build().expect("policy");
-    let mut req = grpc_call();
-    req.headers_mut()
-        .insert("grpc-timeout", "100m".parse().expect("header"));
+    let req = grpc_call_within("100m");
     // Refused within the deadline: resent at once with what remains.
     let (call, mut upstream) = start(policy.clone(), req.clone());
     settle().await;
@@ -796,12 +800,8 @@ async fn a_transparent_retry_honours_the_deadline_and_rewrites_grpc_timeout() {
 #[tokio::test(start_paused = true)]
 async fn the_earlier_of_a_deadline_and_a_grpc_timeout_bounds_the_retries() {
     let policy = policy().build().expect("policy");
-    let mut req = grpc_call();
-    req.headers_mut()
-        .insert("grpc-timeout", "1S".parse().expect("header"));
     // A layer above set a deadline too, a later one: the call's own timeout still binds.
-    req.extensions_mut()
-        .insert(Deadline::after(Instant::now().into_std(), 10_000 * MS));
+    let req = with_deadline(grpc_call_within("1S"), 10_000 * MS);
     let (call, mut upstream) = start(policy.clone(), req);
     answer_now(&mut upstream, grpc_status("14", None)).await;
     let retry = answer_after(&mut upstream, 200 * MS, grpc_status("0", None)).await;
@@ -809,11 +809,7 @@ async fn the_earlier_of_a_deadline_and_a_grpc_timeout_bounds_the_retries() {
     finished(call).await.expect("response");
 
     // An earlier deadline binds the other way round.
-    let mut req = grpc_call();
-    req.headers_mut()
-        .insert("grpc-timeout", "10S".parse().expect("header"));
-    req.extensions_mut()
-        .insert(Deadline::after(Instant::now().into_std(), 500 * MS));
+    let req = with_deadline(grpc_call_within("10S"), 500 * MS);
     let (call, mut upstream) = start(policy.clone(), req);
     answer_now(&mut upstream, grpc_status("14", None)).await;
     let retry = answer_after(&mut upstream, 200 * MS, grpc_status("14", None)).await;

@@ -321,7 +321,11 @@ async fn a_post_to_a_refused_port_is_retried_until_the_server_is_up() {
             .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
             .await;
     });
-    let res = call.await.expect("task").expect("response");
+    let res = tokio::time::timeout(Duration::from_secs(5), call)
+        .await
+        .expect("in time")
+        .expect("task")
+        .expect("response");
     assert_eq!(res.status(), StatusCode::CREATED);
     assert_eq!(Attempts::of(&res), 2);
 }

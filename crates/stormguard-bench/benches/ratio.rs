@@ -110,7 +110,7 @@ where
     })
 }
 
-/// The stacks, `bare` first and tower with its budget second (the reference).
+/// The stacks: `bare`, tower with its budget (the reference), and the others.
 fn stacks(make: MakeRequest) -> Vec<(&'static str, Batch)> {
     let breaker = CircuitBreaker::builder().build().expect("breaker");
     vec![
@@ -199,9 +199,16 @@ fn measure(rt: &tokio::runtime::Runtime, make: MakeRequest, rounds: usize) -> Ve
             times[i].push(rt.block_on((stacks[i].1)()));
         }
     }
+    let index = |name: &str| {
+        stacks
+            .iter()
+            .position(|(stack, _)| *stack == name)
+            .expect("a stack of that name")
+    };
+    let (bare, reference) = (index("bare"), index("tower_retry_tps_budget"));
     let overhead =
-        |i: usize| -> Vec<f64> { (0..rounds).map(|r| times[i][r] - times[0][r]).collect() };
-    let reference = quantile(&mut overhead(1), 0.5);
+        |i: usize| -> Vec<f64> { (0..rounds).map(|r| times[i][r] - times[bare][r]).collect() };
+    let reference = quantile(&mut overhead(reference), 0.5);
     (0..n)
         .map(|i| {
             let median = quantile(&mut overhead(i), 0.5);
@@ -292,7 +299,7 @@ fn main() {
             let mut per_call: Vec<f64> = results.iter().map(|r| r[g][i].0).collect();
             let ratios: Vec<f64> = results.iter().map(|r| r[g][i].1).collect();
             let per_call = quantile(&mut per_call, 0.5);
-            if i == 0 {
+            if *name == "bare" {
                 println!("| `{name}` | {per_call:.1} ns | | |");
                 continue;
             }
