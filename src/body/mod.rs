@@ -172,10 +172,7 @@ impl<B> Drop for ReplayBody<B> {
             return;
         }
         if let Some(inner) = self.inner.take() {
-            let mut kept = lock(&self.shared);
-            if kept.frames.is_empty() && !kept.complete && !kept.abandoned {
-                kept.untouched = Some(inner);
-            }
+            lock(&self.shared).untouched = Some(inner);
         }
     }
 }
@@ -283,27 +280,17 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
-        if this.inner.is_none() && !this.read {
-            // A copy takes over a body its original left untouched, if there is one.
-            this.inner = lock(&this.shared).untouched.take();
+        if this.inner.is_none() {
+            let mut kept = lock(&this.shared);
+            // A copy takes over a body its original left untouched, if there is one;
+            // else it replays what the original kept.
+            match kept.untouched.take() {
+                Some(untouched) => this.inner = Some(untouched),
+                None => return replay(&kept, &mut this.next_frame, &mut this.trailers_sent),
+            }
         }
         let Some(inner) = this.inner.as_mut() else {
-            // A replay: hand out what the original kept, if it is the whole body.
-            let kept = lock(&this.shared);
-            if !kept.whole() {
-                return Poll::Ready(Some(Err(NotReplayable.into())));
-            }
-            if let Some(data) = kept.frames.get(this.next_frame) {
-                this.next_frame += 1;
-                return Poll::Ready(Some(Ok(Frame::data(data.clone()))));
-            }
-            if !this.trailers_sent {
-                this.trailers_sent = true;
-                if let Some(trailers) = &kept.trailers {
-                    return Poll::Ready(Some(Ok(Frame::trailers(trailers.clone()))));
-                }
-            }
-            return Poll::Ready(None);
+            return Poll::Ready(Some(Err(NotReplayable.into())));
         };
         if this.ended {
             return Poll::Ready(None);
@@ -312,23 +299,23 @@ where
             // Already kept when it was read ahead.
             return Poll::Ready(Some(ahead));
         }
-        let frame = match inner.as_mut().poll_frame(cx) {
-            // Nothing read yet: still whole, and handed on if this copy is dropped.
-            Poll::Pending => return Poll::Pending,
-            Poll::Ready(None) => {
-                this.read = true;
+        // Pending reads nothing: the body stays whole, handed on if this copy is dropped.
+        let Poll::Ready(polled) = inner.as_mut().poll_frame(cx) else {
+            return Poll::Pending;
+        };
+        this.read = true;
+        let frame = match polled {
+            None => {
                 lock(&this.shared).complete = true;
                 this.ended = true;
                 return Poll::Ready(None);
             }
-            Poll::Ready(Some(Err(err))) => {
-                this.read = true;
+            Some(Err(err)) => {
                 lock(&this.shared).abandon();
                 return Poll::Ready(Some(Err(err.into())));
             }
-            Poll::Ready(Some(Ok(frame))) => into_bytes(frame),
+            Some(Ok(frame)) => into_bytes(frame),
         };
-        this.read = true;
         {
             let mut kept = lock(&this.shared);
             kept.record(&frame);
@@ -380,7 +367,7 @@ where
             }
             None => {
                 let kept = self.kept();
-                if let Some(untouched) = kept.untouched.as_ref().filter(|_| !self.read) {
+                if let Some(untouched) = &kept.untouched {
                     // What this copy will stream once polled.
                     return untouched.is_end_stream();
                 }
@@ -396,7 +383,7 @@ where
             Some(inner) => inner.size_hint(),
             None => {
                 let kept = self.kept();
-                if let Some(untouched) = kept.untouched.as_ref().filter(|_| !self.read) {
+                if let Some(untouched) = &kept.untouched {
                     // What this copy will stream once polled (hyper reads it first,
                     // for the `content-length`).
                     return untouched.size_hint();
@@ -414,6 +401,29 @@ where
             }
         }
     }
+}
+
+/// The next frame of a replay from what the original `kept`, if it is the whole body;
+/// `next_frame` and `trailers_sent` are the replaying copy's place in it.
+fn replay<B>(
+    kept: &Kept<B>,
+    next_frame: &mut usize,
+    trailers_sent: &mut bool,
+) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    if !kept.whole() {
+        return Poll::Ready(Some(Err(NotReplayable.into())));
+    }
+    if let Some(data) = kept.frames.get(*next_frame) {
+        *next_frame += 1;
+        return Poll::Ready(Some(Ok(Frame::data(data.clone()))));
+    }
+    if !*trailers_sent {
+        *trailers_sent = true;
+        if let Some(trailers) = &kept.trailers {
+            return Poll::Ready(Some(Ok(Frame::trailers(trailers.clone()))));
+        }
+    }
+    Poll::Ready(None)
 }
 
 fn into_bytes<D: Buf>(frame: Frame<D>) -> Frame<Bytes> {
