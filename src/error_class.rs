@@ -2,15 +2,17 @@
 //!
 //! Tower services report failures as values of their own error type, usually a
 //! [`BoxError`](crate::BoxError) whose [`source()`](std::error::Error::source) chain
-//! holds the real cause. The chain is walked and the deepest cause stormguard
-//! recognises decides:
+//! holds the real cause. The chain is walked from the outside in: a cause that settles
+//! the matter (a breaker's refusal, a request provably not sent or not processed, the
+//! caller's own failure) decides where it is met; otherwise the deepest cause
+//! stormguard recognises does:
 //!
 //! | cause | meaning |
 //! |---|---|
 //! | h2 `REFUSED_STREAM` or GOAWAY from the server, hyper's or hyper-util's "canceled" (the request was never written: it waited for a connection that closed or was not ready) | the request reached the server but not its application, or never left the client: retried at once, once, for free (a transparent retry, gRFC A6) |
 //! | hyper-util connect error, tonic's `ConnectError`, `io::ErrorKind::ConnectionRefused` | the request never reached the application, but the dependency may be down: an ordinary retry, for any method |
 //! | `tower::timeout::error::Elapsed`, connection reset or aborted, broken pipe, `io::ErrorKind::TimedOut`, hyper's closed, incomplete or timed-out connections, other h2 stream resets | the request may have been processed: retry idempotent requests only |
-//! | hyper's user errors (the request's own body failed or was cut short), a body that could not be replayed ([`NotReplayable`](crate::NotReplayable)) | the caller's doing, not the dependency's: not retried, and not a breaker failure |
+//! | hyper's user errors (the request's own body failed or was cut short; not its "dispatch task is gone", which is looked into), a body that could not be replayed ([`NotReplayable`](crate::NotReplayable)) | the caller's doing, not the dependency's: not retried, and not a breaker failure |
 //! | [`CircuitOpen`](crate::CircuitOpen) | a breaker failed fast: never retried |
 //! | anything else | not known to be transient: not retried |
 //!
@@ -139,7 +141,8 @@ pub(crate) fn sources<'a>(
     std::iter::successors(Some(err), |err: &&'a (dyn Error + 'static)| (*err).source())
 }
 
-/// Walks `err` and its sources; the deepest recognised cause wins.
+/// Walks `err` and its sources: the first cause that settles the matter (see
+/// [`ErrorClass`]'s early returns below) decides, else the deepest recognised one.
 pub(crate) fn classify_chain(err: &(dyn Error + 'static)) -> ErrorClass {
     let mut class = ErrorClass::Unknown;
     for err in sources(err) {

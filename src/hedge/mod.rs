@@ -14,7 +14,8 @@
 //!   header, or the [`Idempotent`](crate::Idempotent) extension. A POST without a key is
 //!   never hedged, nor is a request carrying [`NoRetry`]. gRPC calls
 //!   are POSTs: a method that is safe to hedge (gRFC A6 leaves that to its owner) says
-//!   so with the `Idempotent` extension.
+//!   so with the `Idempotent` extension, or by a `hedgingPolicy` in the service config
+//!   ([`HedgePolicyBuilder::grpc_methods`]).
 //! - **After a delay**: fixed ([`HedgePolicyBuilder::delay`]), or by default the 95th
 //!   percentile of recent successful latencies over a rolling 10 s window, never below
 //!   1 ms, and only once the window holds 50 latencies (before that nothing is hedged).
@@ -587,10 +588,12 @@ where
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
+        // Read once: the method table, the verdict and the timing all need it.
+        let grpc = is_grpc(&req);
         // A gRPC call of a policy with per-method settings is hedged by its method's
         // (gRFC A6: the service config declares the method safe to send twice).
         let method = match &self.policy.shared.methods {
-            Some(methods) if is_grpc(&req) => match methods.lookup(req.uri().path()) {
+            Some(methods) if grpc => match methods.lookup(req.uri().path()) {
                 Some(Some(hedge)) if req.extensions().get::<NoRetry>().is_none() => Some(*hedge),
                 _ => return ResponseFuture::once(self.inner.call(req)),
             },
@@ -604,8 +607,6 @@ where
             self.policy.shared.budget.deposit(now.into_std());
         }
         add(&self.policy.counters().requests, 1);
-        // A method of the table is gRPC; otherwise the content type says.
-        let grpc = method.is_some() || is_grpc(&req);
         let delay = match method {
             Some(hedge) => Some(hedge.delay),
             None => self.policy.delay(now),
