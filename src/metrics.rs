@@ -46,7 +46,7 @@ const REASONS: [GiveUp; 10] = [
 ];
 
 /// A retry policy's handles, registered on first use.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct RetryMetrics {
     handles: OnceLock<RetryHandles>,
     /// The most attempts any request can make: one counter per attempt number.
