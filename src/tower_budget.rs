@@ -6,8 +6,11 @@ use tower::retry::budget::Budget;
 /// A [`RetryBudget`] as a [`tower::retry::budget::Budget`], reading tokio's clock (so
 /// `tokio::time::pause()` applies).
 ///
-/// Use it in place of tower's `TpsBudget` in a hand-written `tower::retry::Policy`:
-/// the same ratio and floor, with an exact fixed-point ratio, no lock per call (one
+/// Use it in place of tower's `TpsBudget` in a hand-written `tower::retry::Policy`.
+/// tower's `Budget` never learns how a request ended, so every retry is charged when
+/// it is granted ([`RetryBudget::try_withdraw`], the pessimistic form: a retry that
+/// succeeds costs as much as one that fails), and the allowance is spent first. The
+/// ratio is exact fixed point, no lock per call (one
 /// roll-over per tenth of the window takes one) and no catch-up
 /// work after idle periods. Rust's orphan rule keeps the `Budget` impl off
 /// `RetryBudget` itself, which lives in the runtime-free core crate.
@@ -22,7 +25,7 @@ use tower::retry::budget::Budget;
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), stormguard::ConfigError> {
-/// let budget = TowerBudget::from(RetryBudget::builder().ratio(0.5).min_per_sec(0).build()?);
+/// let budget = TowerBudget::from(RetryBudget::builder().ratio(0.5).allowance(0).build()?);
 /// budget.deposit();
 /// budget.deposit();
 /// assert!(budget.withdraw());
@@ -71,8 +74,7 @@ mod tests {
         let budget = TowerBudget::new(
             RetryBudget::builder()
                 .ratio(0.1)
-                .min_per_sec(0)
-                .pace(None)
+                .allowance(0)
                 .build()
                 .expect("budget"),
         );

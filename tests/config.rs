@@ -159,19 +159,23 @@ async fn every_stack_of_a_dependency_shares_its_budget() -> Result<(), BoxError>
     };
     let first = stack(config.dependency("payments")?);
     let second = stack(config.dependency("payments")?);
-    first.oneshot(get("/a")).await?;
-    second.oneshot(get("/b")).await?;
+    first.clone().oneshot(get("/a")).await?;
+    second.clone().oneshot(get("/b")).await?;
+    first.oneshot(get("/c")).await?;
 
     let now = tokio::time::Instant::now().into_std();
     let payments = config.dependency("payments")?;
-    assert_eq!(payments.retry.stats().requests, 2);
+    assert_eq!(payments.retry.stats().requests, 3);
     assert_eq!(
         payments.budget.usage(now),
-        (2, payments.retry.stats().retries),
-        "both stacks deposited into and withdrew from one budget"
+        (3, payments.retry.stats().retries),
+        "both stacks deposited into and were charged by one budget"
     );
-    // The floor (1 retry a window) and two deposits (0.2) grant one retry in all.
-    assert_eq!(payments.retry.stats().retries, 1);
+    // payments makes two attempts. The first two requests, from a brand-new client,
+    // retry once each on its allowance and waste their retries (what the window could
+    // not pay for came out of the allowance and the window both); the third finds no
+    // room left.
+    assert_eq!(payments.retry.stats().retries, 2);
     assert_eq!(payments.retry.stats().budget_denied, 1);
     assert_eq!(config.dependency("search")?.budget.usage(now), (0, 0));
     Ok(())
@@ -202,10 +206,10 @@ async fn a_service_config_in_the_toml_file_bounds_that_dependency_s_grpc_calls(
         .layer(RetryLayer::new(users.retry.clone()))
         .service(upstream.service(|_| (MS, status(503))));
     let response = http.oneshot(get("/users/7")).await?;
-    // A client with no traffic yet: the budget's floor grants one retry, and the
-    // third attempt the policy wanted is refused by the budget, not by a method entry.
-    assert_eq!(Attempts::of(&response), 2);
-    assert_eq!(users.retry.stats().budget_denied, 1);
+    // A client with no traffic yet: its allowance pays for the three attempts the
+    // policy wants (no method entry limits a request that is not gRPC).
+    assert_eq!(Attempts::of(&response), 3);
+    assert_eq!(users.retry.stats().budget_denied, 0);
     Ok(())
 }
 

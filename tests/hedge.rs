@@ -236,7 +236,7 @@ async fn when_every_copy_fails_the_last_failure_is_returned() {
 async fn the_budget_can_refuse_a_hedge() {
     let budget = RetryBudget::builder()
         .ratio(0.0)
-        .min_per_sec(0)
+        .allowance(0)
         .build()
         .expect("valid budget");
     let policy = HedgePolicy::builder()
@@ -257,7 +257,7 @@ async fn hedges_withdraw_from_the_budget_and_requests_deposit() {
     // 50% of requests may be hedged; no floor.
     let budget = RetryBudget::builder()
         .ratio(0.5)
-        .min_per_sec(0)
+        .allowance(0)
         .build()
         .expect("valid budget");
     let policy = HedgePolicy::builder()
@@ -566,7 +566,7 @@ async fn under_a_retry_layer_a_shared_budget_is_paid_into_once_per_request() {
     let budget = || {
         RetryBudget::builder()
             .ratio(0.5)
-            .min_per_sec(0)
+            .allowance(0)
             .build()
             .expect("valid budget")
     };

@@ -19,7 +19,7 @@ const MS: Duration = Duration::from_millis(1);
 fn policy(ratio: f64) -> HedgePolicy {
     let budget = RetryBudget::builder()
         .ratio(ratio)
-        .min_per_sec(0)
+        .allowance(0)
         .build()
         .expect("budget");
     HedgePolicy::builder()

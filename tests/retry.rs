@@ -339,13 +339,11 @@ async fn an_exhausted_budget_means_one_attempt_per_request() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn the_budget_caps_retries_at_its_ratio() {
-    // 10% of 100 requests, and no floor: ten of the hundred failures are retried.
+async fn a_burst_is_retried_whole_and_its_waste_paid_for_by_the_requests_after_it() {
+    // 10% of the requests, and no allowance.
     let budget = RetryBudget::builder()
         .ratio(0.1)
-        .min_per_sec(0)
-        // Unpaced: this test counts the window's ratio, all at one instant.
-        .pace(None)
+        .allowance(0)
         .build()
         .expect("budget");
     let policy = RetryPolicy::builder()
@@ -358,23 +356,37 @@ async fn the_budget_caps_retries_at_its_ratio() {
     let client = ServiceBuilder::new()
         .layer(RetryLayer::new(policy.clone()))
         .service(service);
-    let calls: Vec<_> = (0..100)
-        .map(|_| tokio::spawn(client.clone().oneshot(get())))
-        .collect();
-    let mut attempts = 0;
-    for _ in 0..50 {
-        settle().await;
-        while let Some((_, send)) = take(&mut upstream) {
-            attempts += 1;
-            send.send_response(status(503));
+    let wave = |n: usize| {
+        let calls: Vec<_> = (0..n)
+            .map(|_| tokio::spawn(client.clone().oneshot(get())))
+            .collect();
+        calls
+    };
+    let mut answer_all = async |calls: Vec<tokio::task::JoinHandle<_>>| {
+        let mut attempts = 0;
+        for _ in 0..50 {
+            settle().await;
+            while let Some((_, send)) = take(&mut upstream) {
+                attempts += 1;
+                send.send_response(status(503));
+            }
+            advance(50 * MS).await;
         }
-        advance(50 * MS).await;
-    }
-    for call in calls {
-        assert_eq!(status_of(call).await, StatusCode::SERVICE_UNAVAILABLE);
-    }
-    assert_eq!(attempts, 110);
-    assert_eq!(policy.stats().budget_denied, 90);
+        for call in calls {
+            assert_eq!(status_of(call).await, StatusCode::SERVICE_UNAVAILABLE);
+        }
+        attempts
+    };
+    // 100 requests fail at one instant: none has ended unserved yet, so every one is
+    // retried (a blip would have been ridden out whole).
+    let calls = wave(100);
+    assert_eq!(answer_all(calls).await, 200);
+    assert_eq!(policy.stats().budget_denied, 0);
+    // Those 100 retries were wasted, against 10 the requests earned: the next 100
+    // requests, in the same window, are not retried.
+    let calls = wave(100);
+    assert_eq!(answer_all(calls).await, 100);
+    assert_eq!(policy.stats().budget_denied, 100);
 }
 
 fn grpc_call() -> Request<String> {
@@ -502,7 +514,7 @@ async fn a_proxy_503_to_a_grpc_call_is_unavailable_and_retried() {
 fn empty_budget() -> RetryBudget {
     RetryBudget::builder()
         .ratio(0.0)
-        .min_per_sec(0)
+        .allowance(0)
         .build()
         .expect("budget")
 }

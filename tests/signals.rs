@@ -119,7 +119,7 @@ async fn a_failure_after_the_outbound_policy_gave_up_is_not_retried_upstream() {
 async fn a_spent_budget_says_budget_and_grpc_errors_get_pushback() {
     let empty = RetryBudget::builder()
         .ratio(0.0)
-        .min_per_sec(0)
+        .allowance(0)
         .build()
         .expect("budget");
     let seen = Arc::new(AtomicU32::new(0));

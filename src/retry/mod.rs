@@ -344,6 +344,10 @@ pub struct RetryPolicy {
     attempts: u32,
     /// Whether this request has had its one transparent retry.
     transparent_used: bool,
+    /// This request's retries already settled with the budget: charged at once (those
+    /// after a failure that may have cost the server work, a timeout), or known not to
+    /// be wasted (the request was served). The rest are charged when it ends unserved.
+    settled: u32,
     /// When the caller stops waiting: the request's [`Deadline`] or its `grpc-timeout`
     /// counted from its first send, read from the request at its first failure (a
     /// success never needs it).
@@ -403,6 +407,16 @@ impl Default for RetryPolicy {
     }
 }
 
+/// A request dropped before its end (its caller stopped waiting, mid-backoff or
+/// mid-retry) was not served: its retries are charged as wasted.
+impl Drop for RetryPolicy {
+    fn drop(&mut self) {
+        if self.attempts > 1 {
+            self.settle(false);
+        }
+    }
+}
+
 impl RetryPolicy {
     /// A builder starting from the defaults.
     pub fn builder() -> RetryPolicyBuilder {
@@ -449,6 +463,7 @@ impl RetryPolicy {
             shared: Arc::clone(&self.shared),
             attempts: 0,
             transparent_used: false,
+            settled: 0,
             deadline: RequestDeadline::SentAt(sent),
             streams: None,
         }
@@ -485,8 +500,10 @@ impl RetryPolicy {
     }
 
     /// The last checks, once the wait is known: the deadline, then the budget (so a
-    /// retry that could never finish spends nothing).
-    fn may_wait(&self, now: Instant, delay: Duration) -> Result<(), GiveUp> {
+    /// retry that could never finish spends nothing). The budget admits the retry on
+    /// the waste so far, this request's own retries included; `expensive` (the attempt
+    /// may have cost the server work for nobody, as a timeout does) charges it at once.
+    fn may_wait(&mut self, now: Instant, delay: Duration, expensive: bool) -> Result<(), GiveUp> {
         if self.deadline().is_some_and(|d| !d.allows(now, delay)) {
             return Err(GiveUp::Deadline);
         }
@@ -495,10 +512,33 @@ impl RetryPolicy {
                 return Err(GiveUp::Budget);
             }
         }
-        if !self.shared.budget.try_withdraw(now) {
+        let budget = &self.shared.budget;
+        if !budget.admit(now, self.retries()) {
             return Err(GiveUp::Budget);
         }
+        if expensive {
+            budget.charge(now, 1);
+            self.settled += 1;
+        }
         Ok(())
+    }
+
+    /// The retries this request has made so far (a transparent retry is not one).
+    fn retries(&self) -> u32 {
+        self.attempts.saturating_sub(1)
+    }
+
+    /// Settles this request's retries with the budget at its end: nothing more for a
+    /// request `served`, the rest of them charged as wasted for one that was not.
+    fn settle(&mut self, served: bool) {
+        let unpaid = self.retries().saturating_sub(self.settled);
+        if unpaid > 0 {
+            if !served {
+                let now = tokio::time::Instant::now().into_std();
+                self.shared.budget.charge(now, unpaid);
+            }
+            self.settled += unpaid;
+        }
     }
 
     /// The one free retry of a request its server refused before its application saw
@@ -544,9 +584,10 @@ impl RetryPolicy {
         self.shared.record_outcome(class, answered);
     }
 
-    /// Hands the outcome back: records why (if it is a give-up) and the attempt count.
+    /// Hands the outcome back: settles the budget, records why (if it is a give-up)
+    /// and the attempt count.
     fn finish<Res, E>(
-        &self,
+        &mut self,
         result: &mut Result<Response<Res>, E>,
         attempts: u32,
         why: Option<GiveUp>,
@@ -556,6 +597,7 @@ impl RetryPolicy {
                 res.extensions_mut().insert(Attempts(attempts));
             }
         }
+        self.settle(why.is_none());
         if let Some(why) = why {
             self.give_up(why, attempts);
         }
@@ -880,6 +922,7 @@ impl RetryPolicyBuilder {
                 counters: Counters::default(),
             }),
             attempts: 0,
+            settled: 0,
             transparent_used: false,
             deadline: RequestDeadline::Unsent,
             streams: None,
@@ -982,7 +1025,7 @@ where
         // Whether repeating the request is safe whatever its method: the failure proves
         // the application never saw it, or gRPC declared its code retryable (gRFC A6
         // leaves that judgement to the configured codes).
-        let (class, safe_for_any_method) = match result {
+        let (class, safe_for_any_method, expensive) = match result {
             Ok(res) if grpc => {
                 let rules = Rules {
                     retryable_grpc_codes: limits.retryable_grpc_codes,
@@ -991,12 +1034,13 @@ where
                 (
                     rules.classify_grpc_response(res.status(), res.headers()),
                     true,
+                    false,
                 )
             }
             Ok(res) => {
                 let rules = &self.shared.rules;
                 let class = rules.classify_with(res.status(), res.headers(), SystemTime::now);
-                (class, false)
+                (class, false, false)
             }
             Err(err) => match classify_error(err) {
                 ErrorClass::Unprocessed if !self.transparent_used => {
@@ -1004,13 +1048,14 @@ where
                     return self.retry_transparently(req, grpc);
                 }
                 ErrorClass::Unprocessed | ErrorClass::NotSent => {
-                    (Class::Retryable { after: None }, true)
+                    (Class::Retryable { after: None }, true, false)
                 }
-                ErrorClass::MaybeProcessed => (Class::Retryable { after: None }, false),
+                // A timeout or a reset: the server may have done the work for nobody.
+                ErrorClass::MaybeProcessed => (Class::Retryable { after: None }, false, true),
                 ErrorClass::CircuitOpen => {
                     return self.finish(result, self.attempts + 1, Some(GiveUp::CircuitOpen))
                 }
-                ErrorClass::Local | ErrorClass::Unknown => (Class::Permanent, false),
+                ErrorClass::Local | ErrorClass::Unknown => (Class::Permanent, false, false),
             },
         };
         self.count_attempt(class, result.is_ok());
@@ -1044,7 +1089,7 @@ where
             None => self.next_backoff(backoff),
         };
         let now = tokio::time::Instant::now().into_std();
-        if let Err(why) = self.may_wait(now, delay) {
+        if let Err(why) = self.may_wait(now, delay, expensive) {
             return self.finish(result, attempts, Some(why));
         }
         let headers = req.headers_mut();

@@ -1,32 +1,51 @@
-//! A retry budget shared by every request of a client.
+//! A retry budget shared by every request of a client: it bounds the retries that are
+//! wasted, and admits the ones that help.
 //!
 //! A per-request attempt limit alone still lets a broad outage triple the traffic a
 //! dependency sees, because every request is entitled to its three attempts; across
 //! three layers of services that is 3³ = 27 (or 4³ = 64) requests at the bottom for one
-//! user action. A budget bounds the total instead: retries may not exceed a fraction
-//! (`ratio`, 10% by default) of the client's original requests over a rolling window,
-//! plus a small floor (`min_retries` per window) so that a quiet client can still retry
-//! at all.
-//! When nearly everything is failing the budget is already spent, and the client
-//! degrades to one attempt per request.
+//! user action. A budget bounds the total instead. But a retry that succeeds is a user
+//! served, and only a retry that fails is load of the client's own making. So the budget
+//! counts **waste**: the retries of requests that ended unserved. Over a rolling window
+//! (10 s), wasted retries may not exceed `ratio` (10%) of the client's original requests,
+//! plus a small **allowance** counted in retries (2): a new client's, spent once.
+//!
+//! - A retry is *admitted* ([`admit`](RetryBudget::admit)) while the window's waste,
+//!   plus the retries this request has already made (all failed, or it would not be
+//!   asking), leave room under that bound. Nothing is taken then.
+//! - When a request ends unserved, its retries are *charged*
+//!   ([`charge`](RetryBudget::charge)). A request served after two retries costs
+//!   nothing: the retries that succeed never count against the bound.
+//! - Other requests' retries still in flight are not counted: a burst of failures at one
+//!   instant (a blip) is retried whole, and its waste, if any, is paid for by the
+//!   requests after it. What that can overdraw is one request's retries per request then
+//!   in flight; a loom model and the simulator check the rest.
+//! - The allowance stands in for the window a new client has not yet built: its own
+//!   original requests take it away as they come (`ratio` of a retry each), and so does
+//!   waste the window cannot pay for. It never comes back with time, so a fleet of new
+//!   clients meeting an outage wastes it once each, not once a window.
+//!
+//! When nearly everything is failing, the waste is at the bound and the client degrades
+//! to about one attempt per request, plus 10%.
+//! [`try_withdraw`](RetryBudget::try_withdraw) is the pessimistic form for a caller that
+//! does not report how its requests end: it charges a retry when it grants it.
 //!
 //! # How it is kept
 //!
 //! Each original request [`deposit`](RetryBudget::deposit)s `ratio` of a retry; each
-//! retry [`try_withdraw`](RetryBudget::try_withdraw)s one whole retry if the balance
-//! allows. The balance is computed in fixed point (1/10,000 of a retry), so a ratio of
+//! wasted retry is charged one whole retry. The balance is computed in fixed point (1/10,000 of a retry), so a ratio of
 //! 0.6 grants exactly 60% and not the 100% that `1 / ratio` truncated to an integer
 //! would give.
 //!
 //! Time is cut into ten buckets per window. Deposits are counted in a ring of ten
-//! buckets and withdrawals in a ring of eleven, each bucket one `AtomicU64` holding its
+//! buckets and charges (withdrawals) in a ring of eleven, each bucket one `AtomicU64` holding its
 //! epoch (high 32 bits) and a saturating count. A deposit pays for retries until its
 //! bucket leaves the window (between 9/10 of the window and the whole window after it
 //! was made); a withdrawal is charged for at least the whole window.
 //!
 //! # Concurrency, and the exact bound
 //!
-//! The state is 23 atomics (the pace's included) and one lock whatever the request rate
+//! The state is 24 atomics (the allowance's and the pace's included) and one lock whatever the request rate
 //! ([`RetryBudget::STATE_BYTES`] in all). A deposit or a withdrawal in the current
 //! bucket is lock-free: a withdrawal reads the window's balance, then adds itself to the
 //! current bucket with one compare-and-swap, which fails (and is tried again) if any
@@ -39,7 +58,8 @@
 //! finds its bucket sealed or restamped waits for that roll-over and starts again in the
 //! new epoch.
 //!
-//! So every grant is made in the newest epoch, and sees every grant made before it,
+//! So every charge and every grant of [`try_withdraw`](RetryBudget::try_withdraw) is
+//! made in the newest epoch, and sees every grant made before it,
 //! whichever thread made it: **there is no per-thread slack**. At every grant, the
 //! retries granted in the eleven buckets ending with it (a window or more), this one
 //! included, are at most `ratio` times the original requests counted in the last ten
@@ -49,9 +69,10 @@
 //! than one already seen is counted at the newest epoch. This is checked by a loom model
 //! of the roll-over (`--cfg loom`) and by a contention test with a fast clock.
 //!
-//! The pace (see [`RetryBudgetBuilder::pace`]) sits in front: one more compare-and-swap,
-//! on the retry path only, so that a window's savings are spent at most at `pace` times
-//! the recent request rate.
+//! The allowance is one more atomic, read on the retry path, written only when waste
+//! overdraws the window and at roll-overs while any of it is left. The optional pace
+//! (see [`RetryBudgetBuilder::pace`], off by default) sits in front: one more
+//! compare-and-swap, on the retry path only.
 
 use std::fmt;
 use std::sync::atomic::Ordering;
@@ -77,10 +98,11 @@ const COUNT_MAX: u64 = SEALED - 1;
 const STAMP_BITS: u32 = 64 - COUNT_BITS;
 const STAMP_MASK: u64 = (1 << STAMP_BITS) - 1;
 
-/// A retry budget: retries may not exceed `ratio` of original requests over a
-/// rolling `window`, plus `min_retries` per window, spent at a `pace`.
+/// A retry budget: over a rolling `window`, wasted retries (those of requests that
+/// ended unserved) may not exceed `ratio` of the original requests, plus an
+/// `allowance` spent once; see the [module docs](self).
 ///
-/// Defaults: ratio 0.1, window 10 s, min_retries 1, pace 0.5.
+/// Defaults: ratio 0.1, window 10 s, allowance 2, no floor, no pace.
 ///
 /// # Clone
 ///
@@ -91,21 +113,27 @@ const STAMP_MASK: u64 = (1 << STAMP_BITS) - 1;
 /// use std::time::{Duration, Instant};
 /// use stormguard_core::RetryBudget;
 ///
-/// let budget = RetryBudget::builder().ratio(0.1).min_retries(0).build()?;
-/// let now = Instant::now();
+/// let t0 = Instant::now();
+/// let budget = RetryBudget::builder().origin(t0).allowance(0).build()?;
 /// for _ in 0..100 {
-///     budget.deposit(now);
+///     budget.deposit(t0);
 /// }
-/// // At most half the recent request rate at any moment (the pace): 5 now...
-/// let granted = (0..100).filter(|_| budget.try_withdraw(now)).count();
-/// assert_eq!(granted, 5);
-/// // ...and the rest of the 10% over the next tenth of a second.
-/// let later = now + Duration::from_millis(100);
-/// let granted = (0..100).filter(|_| budget.try_withdraw(later)).count();
-/// assert_eq!(granted, 5);
-///
-/// // Twelve seconds later those deposits have left the window.
-/// assert!(!budget.try_withdraw(now + Duration::from_secs(12)));
+/// // 100 requests pay for 10 wasted retries: nine requests that each retried once
+/// // in vain, and one more whose retry is still out (it could be the tenth).
+/// for _ in 0..9 {
+///     assert!(budget.admit(t0, 0));
+///     budget.charge(t0, 1);
+/// }
+/// assert!(budget.admit(t0, 0));
+/// budget.charge(t0, 1);
+/// assert!(!budget.admit(t0, 0));
+/// // Retries that succeed are never charged: a client whose retries help keeps
+/// // retrying whatever its rate.
+/// let later = t0 + Duration::from_secs(11);
+/// for _ in 0..10 {
+///     budget.deposit(later);
+/// }
+/// assert!((0..1000).all(|_| budget.admit(later, 0)));
 /// # Ok::<(), stormguard_core::ConfigError>(())
 /// ```
 #[derive(Clone)]
@@ -122,6 +150,12 @@ struct State {
     window: Duration,
     /// Retries granted in any window even without deposits.
     min_retries: u64,
+    /// The allowance a new budget starts with, in whole retries.
+    allowance: u32,
+    /// What is left of the allowance, in units: spent by waste the window cannot pay
+    /// for, and by the budget's own original requests as they build up a window of
+    /// their own (at each roll-over, under `roll`); never refilled.
+    allowance_left: AtomicU64,
     /// Retries per original request at most, at any moment (`None`: unpaced).
     pace: Option<f64>,
     /// The dependency's name, for the metrics' label.
@@ -134,6 +168,8 @@ struct State {
     /// Taken only to move the clock to a new epoch (once per bucket width at most).
     roll: Mutex<()>,
     deposits: Ring<{ DEPOSIT_BUCKETS as usize }>,
+    /// Wasted retries: charged by [`RetryBudget::charge`] when a request ends unserved,
+    /// and at the grant by [`RetryBudget::try_withdraw`].
     withdrawals: Ring<{ WITHDRAWAL_BUCKETS as usize }>,
 }
 
@@ -185,7 +221,8 @@ impl RetryBudget {
     /// The size of one budget's shared state in bytes, whatever the request rate.
     pub const STATE_BYTES: usize = std::mem::size_of::<State>();
 
-    /// A builder with the defaults: ratio 0.1, window 10 s, min_retries 1, pace 0.5.
+    /// A builder with the defaults: ratio 0.1, window 10 s, an allowance of
+    /// [`DEFAULT_ALLOWANCE`] retries, no floor, no pace.
     pub fn builder() -> RetryBudgetBuilder {
         RetryBudgetBuilder::default()
     }
@@ -193,30 +230,106 @@ impl RetryBudget {
     /// Records an original request (not a retry) made at `now`.
     pub fn deposit(&self, now: Instant) {
         let state = &*self.state;
-        state.count_one(&state.deposits, now, |_, _| true);
+        state.count(&state.deposits, now, 1, |_, _| true);
     }
 
-    /// Takes one retry from the budget at `now`, if it holds one. `false` means the
-    /// client has retried as much as it may: fail the request instead.
+    /// Whether a request that has already made `retries` retries, all of them failed,
+    /// may make one more at `now`. Nothing is taken: the retries are charged by
+    /// [`charge`](Self::charge) once the request has ended unserved, and a request that
+    /// ends in success costs nothing.
+    ///
+    /// A retry is admitted while the wasted retries of the window, plus the ones this
+    /// request has already made, have not used up `ratio` times the window's original
+    /// requests, plus what is left of the allowance, plus the floor: it may overdraw
+    /// the bound by less than itself. (Admitting only retries that fit whole, should
+    /// they be wasted too, refuses a quiet client's retries whenever its window holds
+    /// a few requests too few: at one request a second that cost the simulator's
+    /// partial30 fleet ten points of success.)
+    /// Other requests' retries still in flight are not counted against it: a burst of
+    /// failures at one instant (a blip) is retried whole, and what it wastes is paid for
+    /// afterwards by the requests that follow.
+    ///
+    /// ```
+    /// use std::time::{Duration, Instant};
+    /// use stormguard_core::RetryBudget;
+    ///
+    /// let t0 = Instant::now();
+    /// let budget = RetryBudget::builder().origin(t0).build()?;
+    /// // A brand-new client: its first request may retry twice on its allowance.
+    /// budget.deposit(t0);
+    /// assert!(budget.admit(t0, 0) && budget.admit(t0, 1));
+    /// // It failed all the same: both retries were wasted, the allowance is spent...
+    /// budget.charge(t0, 2);
+    /// budget.deposit(t0);
+    /// assert!(!budget.admit(t0, 0));
+    /// // ...and 10% of the window's requests pay for what is wasted from now on.
+    /// let later = t0 + Duration::from_secs(11);
+    /// for _ in 0..20 {
+    ///     budget.deposit(later);
+    /// }
+    /// assert!(budget.admit(later, 0) && budget.admit(later, 1) && !budget.admit(later, 2));
+    /// # Ok::<(), stormguard_core::ConfigError>(())
+    /// ```
+    pub fn admit(&self, now: Instant, retries: u32) -> bool {
+        let state = &*self.state;
+        // Some room left once the request's own retries are counted as wasted: the
+        // retry may overdraw the bound by less than itself.
+        let room = state.room(state.advance(now)) - i64::from(retries) * UNIT;
+        room > 0 && state.paced(now)
+    }
+
+    /// Charges `wasted` retries at `now`: those of a request that ended without being
+    /// served (every retry it made failed, it was refused, or its caller gave up on it),
+    /// or hedges that lost. What the window's earnings cannot pay for comes out of the
+    /// allowance as well.
+    pub fn charge(&self, now: Instant, wasted: u32) {
+        if wasted == 0 {
+            return;
+        }
+        let state = &*self.state;
+        let epoch = state.advance(now);
+        let excess = i64::from(wasted) * UNIT - state.balance(epoch).max(0);
+        state.spend_allowance(excess);
+        state.count(&state.withdrawals, now, u64::from(wasted), |_, _| true);
+    }
+
+    /// Takes one retry from the budget at `now`, if it holds one, and charges it at
+    /// once, whatever becomes of it: the pessimistic form of [`admit`](Self::admit) and
+    /// [`charge`](Self::charge), for a caller that does not report how its requests
+    /// end. `false` means the client has retried as much as it may: fail the request
+    /// instead.
     pub fn try_withdraw(&self, now: Instant) -> bool {
         let state = &*self.state;
         // The balance is looked at first, so that a refusal by the window does not
         // spend the pace; only a race lost in between can.
-        if state.pace.is_some() && state.balance(state.advance(now)) < UNIT {
+        if state.pace.is_some() && state.room(state.advance(now)) < UNIT {
             return false;
         }
         if !state.paced(now) {
             return false;
         }
-        state.count_one(&state.withdrawals, now, |epoch, count| {
-            count < COUNT_MAX && state.balance(epoch) >= UNIT
-        })
+        let mut short = 0;
+        let granted = state.count(&state.withdrawals, now, 1, |epoch, count| {
+            let balance = state.balance(epoch);
+            short = UNIT - balance.max(0);
+            count < COUNT_MAX && balance.saturating_add(state.allowance_units()) >= UNIT
+        });
+        if granted {
+            state.spend_allowance(short);
+        }
+        granted
     }
 
-    /// How many whole retries the budget would grant at `now`.
+    /// How many whole retries the budget would admit at `now` for requests that have
+    /// not retried yet: the window's room plus what is left of the allowance.
     pub fn available(&self, now: Instant) -> u64 {
         let epoch = self.state.advance(now);
-        u64::try_from(self.state.balance(epoch) / UNIT).unwrap_or(0)
+        u64::try_from(self.state.room(epoch) / UNIT).unwrap_or(0)
+    }
+
+    /// What is left of the allowance, in whole retries (it is never refilled).
+    pub fn allowance_left(&self) -> u64 {
+        u64::try_from(self.state.allowance_units() / UNIT).unwrap_or(0)
     }
 
     /// The original requests and the retries counted in the window ending at `now`: the
@@ -242,6 +355,11 @@ impl RetryBudget {
     /// Retries granted in any window even without deposits.
     pub fn min_retries(&self) -> u64 {
         self.state.min_retries
+    }
+
+    /// The allowance the budget started with, in retries.
+    pub fn allowance(&self) -> u32 {
+        self.state.allowance
     }
 
     /// The most retries per original request the budget grants at any moment, or
@@ -276,6 +394,7 @@ impl fmt::Debug for RetryBudget {
             .field("ratio", &self.state.ratio)
             .field("window", &self.state.window)
             .field("min_retries", &self.state.min_retries)
+            .field("allowance", &self.state.allowance)
             .field("pace", &self.state.pace)
             .field("name", &self.state.name)
             .finish_non_exhaustive()
@@ -310,6 +429,13 @@ impl State {
         self.withdrawals
             .bucket(current)
             .fetch_or(SEALED, Ordering::AcqRel);
+        // The allowance stands in for a window of the budget's own until it has one: the
+        // original requests of the epoch that ends take their share of it away.
+        let ended = self.deposits.bucket(current).load(Ordering::Acquire);
+        if ended >> COUNT_BITS == current & STAMP_MASK {
+            let earned = i64::try_from(ended & COUNT_MAX).unwrap_or(i64::MAX);
+            self.spend_allowance(earned.saturating_mul(self.deposit_units));
+        }
         self.deposits.reset(current, epoch);
         self.withdrawals.reset(current, epoch);
         self.clock.store(epoch, Ordering::Release);
@@ -324,19 +450,20 @@ impl State {
         self.clock.load(Ordering::Acquire)
     }
 
-    /// Adds one to `ring`'s bucket for `now` if `allow(epoch, count so far)` says so,
-    /// with one compare-and-swap; `false` if it did not.
+    /// Adds `n` to `ring`'s bucket for `now` (saturating) if `allow(epoch, count so
+    /// far)` says so, with one compare-and-swap; `false` if it did not.
     ///
     /// The bucket of the current epoch always carries that epoch's stamp (roll-over
     /// stamps it before the clock moves), so a bucket with another stamp, or sealed,
     /// means the clock moved on since this call read it: it starts over in the new
     /// epoch. A successful compare-and-swap on an unsealed bucket therefore happens
     /// before the clock moves past its epoch, and every later grant sees it.
-    fn count_one<const N: usize>(
+    fn count<const N: usize>(
         &self,
         ring: &Ring<N>,
         now: Instant,
-        allow: impl Fn(u64, u64) -> bool,
+        n: u64,
+        mut allow: impl FnMut(u64, u64) -> bool,
     ) -> bool {
         let mut epoch = self.advance(now);
         loop {
@@ -350,7 +477,7 @@ impl State {
             if !allow(epoch, count) {
                 return false;
             }
-            let next = pack(epoch, count + 1);
+            let next = pack(epoch, count.saturating_add(n));
             if bucket
                 .compare_exchange(word, next, Ordering::AcqRel, Ordering::Relaxed)
                 .is_ok()
@@ -385,6 +512,32 @@ impl State {
         self.spend.try_take(ms, per_sec)
     }
 
+    /// What is left of the allowance, in units.
+    fn allowance_units(&self) -> i64 {
+        i64::try_from(self.allowance_left.load(Ordering::Acquire)).unwrap_or(i64::MAX)
+    }
+
+    /// Takes `units` (if positive) from the allowance, down to nothing.
+    fn spend_allowance(&self, units: i64) {
+        let Ok(units) = u64::try_from(units) else {
+            return;
+        };
+        if units == 0 || self.allowance_left.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        // Never fails: the closure always gives a value.
+        let _ = self
+            .allowance_left
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |left| {
+                Some(left.saturating_sub(units))
+            });
+    }
+
+    /// The window's balance plus what is left of the allowance, in units.
+    fn room(&self, epoch: u64) -> i64 {
+        self.balance(epoch).saturating_add(self.allowance_units())
+    }
+
     /// The floor plus the window's deposits, less its withdrawals, in units.
     fn balance(&self, epoch: u64) -> i64 {
         let paid = i128::from(self.deposits.sum(epoch)) * i128::from(self.deposit_units);
@@ -404,8 +557,10 @@ pub struct RetryBudgetBuilder {
     ratio: f64,
     window: Duration,
     floor: Floor,
+    allowance: u32,
     pace: Option<f64>,
     name: Option<String>,
+    origin: Option<Instant>,
 }
 
 /// How the floor was given.
@@ -420,15 +575,21 @@ impl Default for RetryBudgetBuilder {
         RetryBudgetBuilder {
             ratio: 0.1,
             window: Duration::from_secs(10),
-            floor: Floor::PerWindow(1),
-            pace: Some(DEFAULT_PACE),
+            floor: Floor::PerWindow(0),
+            allowance: DEFAULT_ALLOWANCE,
+            pace: None,
             name: None,
+            origin: None,
         }
     }
 }
 
-/// The default [`pace`](RetryBudgetBuilder::pace).
+/// The pace v0.2 set by default; v0.3 sets none (see [`RetryBudgetBuilder::pace`]).
 pub const DEFAULT_PACE: f64 = 0.5;
+
+/// The default [`allowance`](RetryBudgetBuilder::allowance): enough for a new client's
+/// first request to use all three of its default attempts.
+pub const DEFAULT_ALLOWANCE: u32 = 2;
 
 impl RetryBudgetBuilder {
     /// Retries allowed per original request, from 0 to 1, kept to four decimal places
@@ -445,9 +606,30 @@ impl RetryBudgetBuilder {
         self
     }
 
-    /// Retries granted in any window even with no deposits, so that a client making
-    /// few requests can still retry some \[1\]. One per client, not one per second:
-    /// a fleet of many small clients must not retry at many times its budget.
+    /// The retries a new budget may waste before it has a window of its own
+    /// \[[`DEFAULT_ALLOWANCE`]\]: counted in retries, not per unit of time, and spent
+    /// once. It stands in for the window a new client has not built yet, so the
+    /// client's own original requests take it away as they come (`ratio` of a retry
+    /// each), and so does any waste the window cannot pay for; it is never refilled.
+    /// A fleet of new clients meeting an outage wastes it once each, not once a window.
+    pub fn allowance(mut self, retries: u32) -> Self {
+        self.allowance = retries;
+        self
+    }
+
+    /// The instant the budget counts its epochs from \[an hour before it was built\].
+    /// Instants before it count as the origin itself. A simulator, or a test on a
+    /// virtual clock, gives its own time zero here, so that a run is a pure function of
+    /// its inputs.
+    pub fn origin(mut self, origin: Instant) -> Self {
+        self.origin = Some(origin);
+        self
+    }
+
+    /// Retries granted in *every* window even with no deposits \[0\]: a clock-keyed
+    /// floor, as v0.2 had by default (1). Prefer the [`allowance`](Self::allowance),
+    /// which a fleet of new clients spends once: a floor per window lets a fleet of
+    /// many small clients retry at many times its budget through a long outage.
     pub fn min_retries(mut self, retries: u32) -> Self {
         self.floor = Floor::PerWindow(retries);
         self
@@ -464,12 +646,14 @@ impl RetryBudgetBuilder {
     /// retries are spent at most at `pace` times the recent rate of original requests
     /// (measured over the last bucket, a tenth of the window), with at most 100 ms of
     /// that rate at once, whatever the balance; `None` spends the balance as fast as
-    /// retries come, from 0.01 to 10 \[0.5\].
+    /// retries come, from 0.01 to 10 \[None; v0.2's default was [`DEFAULT_PACE`]\].
     ///
-    /// Without it, a budget that saved 10% of ten healthy seconds spends a second's
-    /// worth of traffic in retries within a few hundred milliseconds of an outage's
-    /// onset. The floor (`min_retries`) refills it for clients too quiet to, and it
-    /// always holds at least two retries (one request's).
+    /// v0.2 paced by default because it charged every retry, so a budget that saved
+    /// 10% of ten healthy seconds spent it within a few hundred milliseconds of an
+    /// outage's onset. Charged for waste only, the savings are what lets a blip be
+    /// ridden out, and the pace mostly refused the retries that would have succeeded
+    /// (a burst of failures at a quiet client got two retries). It is kept for callers
+    /// that want a rate bound on retries whatever they achieve.
     pub fn pace(mut self, pace: Option<f64>) -> Self {
         self.pace = pace;
         self
@@ -523,15 +707,19 @@ impl RetryBudgetBuilder {
                 // An hour back, so that instants taken shortly before the budget was
                 // made (a paused test clock, a request already in flight) still fall in
                 // their own bucket instead of being clamped to the first.
-                origin: Instant::now()
-                    .checked_sub(Duration::from_secs(3600))
-                    .unwrap_or_else(Instant::now),
+                origin: self.origin.unwrap_or_else(|| {
+                    Instant::now()
+                        .checked_sub(Duration::from_secs(3600))
+                        .unwrap_or_else(Instant::now)
+                }),
                 bucket_nanos: (self.window.as_nanos() / u128::from(DEPOSIT_BUCKETS)) as u64,
                 deposit_units: (self.ratio * UNIT as f64).round() as i64,
                 reserve_units: reserve.round().min((1u64 << 60) as f64) as i64,
                 ratio: self.ratio,
                 window: self.window,
                 min_retries: min_retries.min(u64::MAX as f64) as u64,
+                allowance: self.allowance,
+                allowance_left: AtomicU64::new(u64::from(self.allowance) * UNIT as u64),
                 pace: self.pace,
                 name: self.name.map(String::into_boxed_str),
                 spend: Pace::new(),
@@ -549,12 +737,14 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    /// An unpaced budget: these tests check the window's arithmetic.
+    /// An unpaced budget without an allowance: these tests check the window's
+    /// arithmetic.
     fn budget(ratio: f64, window_secs: u64, min_per_sec: u32) -> RetryBudget {
         RetryBudget::builder()
             .ratio(ratio)
             .window(Duration::from_secs(window_secs))
             .min_per_sec(min_per_sec)
+            .allowance(0)
             .pace(None)
             .build()
             .expect("valid budget")
@@ -623,19 +813,23 @@ mod tests {
     }
 
     #[test]
-    fn the_default_pace_spreads_the_floor_and_the_savings() {
+    fn the_pace_spreads_the_floor_and_the_savings() {
+        // v0.2's defaults, now asked for: a floor of one a window, paced at 0.5.
+        let v02 = || {
+            RetryBudget::builder()
+                .min_retries(1)
+                .allowance(0)
+                .pace(Some(DEFAULT_PACE))
+        };
         // The floor alone: one retry a window, and no more.
-        let b = RetryBudget::default();
+        let b = v02().build().expect("budget");
         let now = b.state.origin + Duration::from_secs(60);
         let per_second: Vec<u64> = (0..12)
             .map(|s| withdraw_all(&b, now + Duration::from_secs(s)))
             .collect();
         assert_eq!(per_second, [1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
         // Ten a window, spread at one a second after a burst of two.
-        let b = RetryBudget::builder()
-            .min_per_sec(1)
-            .build()
-            .expect("budget");
+        let b = v02().min_per_sec(1).build().expect("budget");
         let per_second: Vec<u64> = (0..12)
             .map(|s| withdraw_all(&b, now + Duration::from_secs(s)))
             .collect();
@@ -644,7 +838,7 @@ mod tests {
         // Ten healthy seconds at 1,000 requests a second save 1,000 retries; an outage
         // may spend them at half the request rate, 50 every 100 ms, plus 100 ms of it
         // at its onset.
-        let b = RetryBudget::default();
+        let b = v02().build().expect("budget");
         let t0 = b.state.origin + Duration::from_secs(60);
         for ms in 0..10_000 {
             b.deposit(t0 + Duration::from_millis(ms));
@@ -669,6 +863,101 @@ mod tests {
         // Unpaced, the window's savings (about 10% of 10 s, plus the floor) go at once.
         let at_once = withdraw_all(&unpaced, onset);
         assert!((900..=1_010).contains(&at_once), "{at_once}");
+    }
+
+    /// The defaults, counted from a known origin.
+    fn fresh() -> (RetryBudget, Instant) {
+        let t0 = Instant::now();
+        let b = RetryBudget::builder().origin(t0).build().expect("defaults");
+        (b, t0)
+    }
+
+    #[test]
+    fn a_new_clients_first_request_gets_all_its_attempts() {
+        let (b, t0) = fresh();
+        b.deposit(t0);
+        assert!(b.admit(t0, 0), "first retry");
+        assert!(b.admit(t0, 1), "second retry, the first having failed");
+        assert_eq!(b.allowance_left(), u64::from(DEFAULT_ALLOWANCE));
+    }
+
+    #[test]
+    fn retries_that_succeed_cost_nothing() {
+        // A quiet client (2 requests a second) whose every first attempt fails and
+        // whose every retry succeeds: nothing is ever charged, nothing refused.
+        let (b, t0) = fresh();
+        for i in 0..2_000u64 {
+            let now = t0 + Duration::from_millis(500 * i);
+            b.deposit(now);
+            assert!(b.admit(now, 0), "request {i}");
+        }
+        assert_eq!(b.usage(t0 + Duration::from_secs(999)).1, 0);
+    }
+
+    #[test]
+    fn waste_is_bounded_by_the_allowance_and_the_ratio() {
+        // A new client at one request a second through a long total outage: each
+        // request retries while the budget admits it, and ends unserved.
+        let (b, t0) = fresh();
+        let mut wasted = 0;
+        for s in 0..300u64 {
+            let now = t0 + Duration::from_secs(s);
+            b.deposit(now);
+            let mut retries = 0;
+            while retries < 2 && b.admit(now, retries) {
+                retries += 1;
+            }
+            b.charge(now, retries);
+            wasted += retries;
+        }
+        // At most the allowance once, then 10% of the requests (one a window), and the
+        // one request that may overdraw by less than a retry; and no less than about
+        // the 10% (what the window's edges round away).
+        let bound = DEFAULT_ALLOWANCE + 300 / 10;
+        assert!(
+            (300 / 10 - 2..=bound + 1).contains(&wasted),
+            "{wasted} wasted"
+        );
+        assert_eq!(b.allowance_left(), 0);
+    }
+
+    #[test]
+    fn the_allowance_gives_way_to_a_window_of_the_clients_own() {
+        let (b, t0) = fresh();
+        // Twenty requests (ratio 0.1) earn what the allowance of two stood in for.
+        for _ in 0..20 {
+            b.deposit(t0);
+        }
+        assert_eq!(b.allowance_left(), 2, "taken away at the roll-over");
+        let later = t0 + Duration::from_secs(1);
+        assert_eq!(b.available(later), 2);
+        assert_eq!(b.allowance_left(), 0);
+        // Once those requests leave the window, so do their retries: the allowance
+        // does not come back with time.
+        assert_eq!(b.available(t0 + Duration::from_secs(30)), 0);
+    }
+
+    #[test]
+    fn a_burst_is_admitted_whole_and_paid_for_afterwards() {
+        // 50 requests fail at one instant: every one may retry, and retry again, since
+        // none has ended unserved yet.
+        let (b, t0) = fresh();
+        for _ in 0..50 {
+            b.deposit(t0);
+        }
+        assert!((0..50).all(|_| b.admit(t0, 0)));
+        assert!((0..25).all(|_| b.admit(t0, 1)));
+        // Ten of them end unserved after two retries each: 20 wasted, against the
+        // 5 the requests earned and the allowance of 2.
+        b.charge(t0, 20);
+        assert!(!b.admit(t0, 0));
+        assert_eq!(b.allowance_left(), 0);
+        // The waste leaves with its window, and ten requests pay for a retry again.
+        let later = t0 + Duration::from_secs(11);
+        for _ in 0..10 {
+            b.deposit(later);
+        }
+        assert!(b.admit(later, 0) && !b.admit(later, 1));
     }
 
     #[test]
@@ -714,10 +1003,10 @@ mod tests {
     #[test]
     fn state_is_constant_and_small() {
         assert_eq!(RetryBudget::STATE_BYTES, std::mem::size_of::<State>());
-        // 23 atomics (two rings, the clock and the pace), the roll-over lock and the
-        // configuration (its name a pointer and a length), on 64-bit Linux.
+        // 24 atomics (two rings, the clock, the allowance and the pace), the roll-over
+        // lock and the configuration (its name a pointer and a length), on 64-bit Linux.
         #[cfg(all(target_pointer_width = "64", target_os = "linux"))]
-        assert_eq!(RetryBudget::STATE_BYTES, 296);
+        assert_eq!(RetryBudget::STATE_BYTES, 312);
         let named = RetryBudget::builder().name("payments").build();
         assert_eq!(named.ok().as_ref().and_then(|b| b.name()), Some("payments"));
         assert_eq!(RetryBudget::default().name(), None);
@@ -904,7 +1193,7 @@ mod tests {
         ) {
             let ratio = f64::from(ratio_ten_thousandths) / 10_000.0;
             let window = Duration::from_secs(10);
-            let b = RetryBudget::builder().ratio(ratio).window(window).min_per_sec(min_per_sec).build().expect("valid");
+            let b = RetryBudget::builder().ratio(ratio).window(window).min_per_sec(min_per_sec).allowance(0).pace(Some(DEFAULT_PACE)).build().expect("valid");
             let mut now = b.state.origin;
             let (mut deposits, mut grants) = (Vec::new(), Vec::new());
             for op in ops {

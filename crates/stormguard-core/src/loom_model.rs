@@ -39,7 +39,7 @@ fn budget(ratio: f64) -> (RetryBudget, Instant) {
     let budget = RetryBudget::builder()
         .ratio(ratio)
         .window(Duration::from_secs(10))
-        .min_per_sec(0)
+        .allowance(0)
         .build()
         .expect("valid budget");
     let t0 = budget.origin();

@@ -14,7 +14,9 @@
 //! bits, the balance in hundredths of a retry in the low 24), changed by a
 //! compare-and-swap on the retry path only: original requests never touch it.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
+
+use crate::sync::AtomicU64;
 
 /// Hundredths of a retry in one retry.
 const CENTI: u64 = 100;

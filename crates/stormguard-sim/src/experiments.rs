@@ -9,7 +9,7 @@ use crate::strategy::Strategy;
 /// The strategies of the Brooker 2022 retry curves.
 pub const CURVE_STRATEGIES: &[&str] = &[
     "none",
-    "retries",
+    "unlimited",
     "bucket",
     "breaker",
     "breaker-retries",
@@ -312,6 +312,7 @@ pub fn candidates(attempts: u32) -> Result<Vec<(String, Strategy)>, String> {
         ratio: 0.1,
         window: Duration::from_secs(10),
         min_retries,
+        allowance: 0,
         pace,
     };
     let mut out = Vec::new();

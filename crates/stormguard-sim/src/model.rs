@@ -262,6 +262,8 @@ struct Request {
     seed: u64,
     /// What the last retry cost an AWS-style quota.
     spent: u32,
+    /// Retries already charged to the budget (those after a timeout, at once).
+    charged: u32,
     live: bool,
 }
 
@@ -450,6 +452,7 @@ impl Fleet {
             schedule: None,
             seed,
             spent: 0,
+            charged: 0,
             live: true,
         };
         let id = match self.free_requests.pop() {
@@ -637,8 +640,13 @@ impl Fleet {
             self.finish(req, false);
             return;
         }
-        match self.state(client).try_retry(t, status.is_none()) {
-            Some(spent) => self.requests[req as usize].spent = spent,
+        let retries = self.requests[req as usize].attempts - 1;
+        match self.state(client).try_retry(t, retries, status.is_none()) {
+            Some(spent) => {
+                let r = &mut self.requests[req as usize];
+                r.spent = spent;
+                r.charged += u32::from(status.is_none());
+            }
             None => {
                 self.finish(req, false);
                 return;
@@ -677,7 +685,15 @@ impl Fleet {
         }
         r.live = false;
         r.schedule = None;
+        let (client, retries) = (
+            r.client,
+            r.attempts.saturating_sub(1) - r.charged.min(r.attempts.saturating_sub(1)),
+        );
         let arrived = r.arrived_s as usize;
+        if !ok {
+            let t = self.now;
+            self.state(client).on_unserved(t, retries);
+        }
         if ok {
             self.report.succeeded += 1;
             self.report.ok_by_arrival[arrived] += 1;

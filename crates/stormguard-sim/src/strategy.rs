@@ -18,7 +18,7 @@ pub const ALL: &[&str] = &[
     "none",
     "naive",
     "exponential",
-    "retries",
+    "unlimited",
     "tower",
     "a6",
     "bucket",
@@ -33,6 +33,7 @@ pub const FLEET: &[&str] = &[
     "none",
     "naive",
     "exponential",
+    "unlimited",
     "tower",
     "a6",
     "bucket",
@@ -75,6 +76,8 @@ pub enum BudgetKind {
         window: Duration,
         /// Floor: retries per window granted without deposits.
         min_retries: u32,
+        /// Retries a new client may waste before it has a window of its own.
+        allowance: u32,
         /// The most retries per original request at any moment (`None`: unpaced).
         pace: Option<f64>,
     },
@@ -151,13 +154,13 @@ impl Strategy {
     /// | `none` | - (1 attempt) | - | - |
     /// | `naive` | fixed 200 ms | - | - |
     /// | `exponential` | core `Backoff` 200 ms..20 s, `Jitter::None` | - | - |
-    /// | `retries` | core `Backoff::default()` (full jitter 200 ms..20 s) | - | - |
+    /// | `unlimited` (was `retries`) | full jitter 200 ms..20 s | - | - |
     /// | `tower` | tower `ExponentialBackoff` 200 ms..20 s, jitter 0.99 (tower's default factor) | tower `TpsBudget::default()`: 10 s, 10/s, 20% | - |
     /// | `a6` | full jitter 200 ms..20 s | A6 throttle, maxTokens 10, tokenRatio 0.1 | - |
     /// | `bucket` | full jitter 200 ms..20 s | AWS retry quota 500 / 5 / 10 / 1 | - |
     /// | `breaker` | full jitter 200 ms..20 s | - | core `BreakerConfig::default()` on all calls |
     /// | `breaker-retries` | full jitter 200 ms..20 s | - | core `BreakerConfig::default()` on retries only |
-    /// | `stormguard` | core `Backoff::default()` | core `RetryBudget::default()` (10%, 10 s, 1 a window, pace 0.5) | - |
+    /// | `stormguard` | core `Backoff::default()` | core `RetryBudget::default()` (waste within 10% over 10 s, allowance 2) | - |
     /// | `stormguard+breaker` | core `Backoff::default()` | core `RetryBudget::default()` | core `BreakerConfig::default()` on all calls |
     pub fn named(name: &str, attempts: u32) -> Option<Strategy> {
         let full = BackoffKind::Core(Backoff::default());
@@ -167,6 +170,7 @@ impl Strategy {
                 ratio: b.ratio(),
                 window: b.window(),
                 min_retries: u32::try_from(b.min_retries()).unwrap_or(u32::MAX),
+                allowance: b.allowance(),
                 pace: b.pace(),
             }
         };
@@ -191,7 +195,21 @@ impl Strategy {
                 BudgetKind::None,
                 BreakerMode::Off,
             ),
-            "retries" => (attempts, full, BudgetKind::None, BreakerMode::Off),
+            // The reference of what retries can do: pinned, whatever the defaults become.
+            // `retries` is its name before v0.3.
+            "unlimited" | "retries" => (
+                attempts,
+                BackoffKind::Core(
+                    Backoff::new(
+                        Duration::from_millis(200),
+                        Duration::from_secs(20),
+                        Jitter::Full,
+                    )
+                    .ok()?,
+                ),
+                BudgetKind::None,
+                BreakerMode::Off,
+            ),
             "tower" => (
                 attempts,
                 BackoffKind::Tower {
@@ -266,6 +284,7 @@ impl Strategy {
                 ratio: budget.ratio(),
                 window: budget.window(),
                 min_retries: u32::try_from(budget.min_retries()).unwrap_or(u32::MAX),
+                allowance: budget.allowance(),
                 pace: budget.pace(),
             },
             breaker: match &settings.breaker {
@@ -299,9 +318,6 @@ pub(crate) struct ClientState {
     origin: Instant,
 }
 
-/// The longest a `RetryBudget` build may take for its clock origin to be pinned down.
-const ORIGIN_SLACK: Duration = Duration::from_micros(400);
-
 #[derive(Debug)]
 pub(crate) enum BudgetState {
     None,
@@ -313,24 +329,10 @@ pub(crate) enum BudgetState {
 
 impl ClientState {
     pub(crate) fn new(strategy: &Strategy, seed: u64) -> Result<Self, String> {
-        // `RetryBudget` starts its buckets at the real `Instant` it was built at and
-        // offers no way to choose it. To keep runs a pure function of the seed, the
-        // budget is built between two readings of the clock less than 400 us apart (it
-        // is rebuilt otherwise), the later reading is this client's origin, and the
-        // virtual times handed to the core are whole milliseconds plus 500 us: the
-        // unknown gap (under 400 us) then never moves a time across a bucket boundary,
-        // which lies on a whole millisecond of virtual time for any window that is a
-        // whole number of 10 ms. The core's types thus see time at 1 ms resolution.
-        let mut tries = 0;
-        let (budget, origin) = loop {
-            let before = Instant::now();
-            let budget = Self::budget(strategy)?;
-            let after = Instant::now();
-            tries += 1;
-            if after.duration_since(before) < ORIGIN_SLACK || tries >= 1000 {
-                break (budget, after);
-            }
-        };
+        // The core's types are given virtual time as `origin + t`, the budget counting
+        // its epochs from that same origin: a run is a pure function of the seed.
+        let origin = Instant::now();
+        let budget = Self::budget(strategy, origin)?;
         let breaker = match &strategy.breaker {
             BreakerMode::Off => None,
             BreakerMode::AllCalls(c) | BreakerMode::RetriesOnly(c) => {
@@ -345,31 +347,28 @@ impl ClientState {
         })
     }
 
-    /// The `Instant` the core's types are given for virtual time `t` (ns): whole
-    /// milliseconds plus 500 us after this client's origin.
+    /// The `Instant` the core's types are given for virtual time `t` (ns).
     pub(crate) fn instant(&self, t: u64) -> Instant {
-        self.origin + Duration::from_nanos(t / 1_000_000 * 1_000_000 + 500_000)
+        self.origin + Duration::from_nanos(t)
     }
 
-    fn budget(strategy: &Strategy) -> Result<BudgetState, String> {
+    fn budget(strategy: &Strategy, origin: Instant) -> Result<BudgetState, String> {
         Ok(match strategy.budget {
             BudgetKind::None => BudgetState::None,
-            BudgetKind::Core { window, .. } if window.as_nanos() % 10_000_000 != 0 => {
-                return Err(format!(
-                    "budget window {window:?}: the simulator needs a whole number of 10 ms"
-                ))
-            }
             BudgetKind::Core {
                 ratio,
                 window,
                 min_retries,
+                allowance,
                 pace,
             } => BudgetState::Core(
                 RetryBudget::builder()
                     .ratio(ratio)
                     .window(window)
                     .min_retries(min_retries)
+                    .allowance(allowance)
                     .pace(pace)
+                    .origin(origin)
                     .build()
                     .map_err(|e| e.to_string())?,
             ),
@@ -436,13 +435,30 @@ impl ClientState {
         }
     }
 
-    /// May a retry be made at `now` after a failure (`timeout` if it timed out)?
-    /// Returns the quota it cost (0 for the others) or `None` when refused.
-    pub(crate) fn try_retry(&mut self, t: u64, timeout: bool) -> Option<u32> {
+    /// A request ended unserved at `t` after `retries` retries.
+    pub(crate) fn on_unserved(&mut self, t: u64, retries: u32) {
+        let now = self.instant(t);
+        if let BudgetState::Core(b) = &self.budget {
+            b.charge(now, retries);
+        }
+    }
+
+    /// May a retry be made at `now` after a failure (`timeout` if it timed out) of a
+    /// request that has made `retries` retries so far? Returns the quota it cost (0
+    /// for the others) or `None` when refused.
+    pub(crate) fn try_retry(&mut self, t: u64, retries: u32, timeout: bool) -> Option<u32> {
         let now = self.instant(t);
         match &mut self.budget {
             BudgetState::None => Some(0),
-            BudgetState::Core(b) => b.try_withdraw(now).then_some(0),
+            BudgetState::Core(b) => {
+                let admitted = b.admit(now, retries);
+                // A timeout is the expensive failure (work the server may have done for
+                // nobody): its retry is charged at once, whatever becomes of it.
+                if admitted && timeout {
+                    b.charge(now, 1);
+                }
+                admitted.then_some(0)
+            }
             BudgetState::Tps(b) => b.withdraw(t).then_some(0),
             BudgetState::A6(th) => th.allows_retry().then_some(0),
             BudgetState::Quota(q) => {
@@ -582,6 +598,7 @@ mod tests {
             let s = Strategy::named(name, 3).expect("known");
             assert_eq!(s.name, *name);
         }
+        assert_eq!(Strategy::named("retries", 3).map(|s| s.attempts), Some(3));
         assert!(Strategy::named("bogus", 3).is_none());
         assert_eq!(Strategy::named("none", 5).map(|s| s.attempts), Some(1));
     }
@@ -607,17 +624,17 @@ mod tests {
         let s = Strategy::named("bucket", 3).expect("known");
         let mut c = ClientState::new(&s, 1).expect("state");
         // 500 / 10 = 50 timeout retries, then refused.
-        assert_eq!((0..60).filter_map(|_| c.try_retry(0, true)).count(), 50);
-        assert_eq!(c.try_retry(0, false), None);
+        assert_eq!((0..60).filter_map(|_| c.try_retry(0, 0, true)).count(), 50);
+        assert_eq!(c.try_retry(0, 0, false), None);
         // A success without retries puts back 1; 5 successes pay for one retry.
         for _ in 0..5 {
             c.on_success(0);
         }
-        assert_eq!(c.try_retry(0, false), Some(5));
-        assert_eq!(c.try_retry(0, false), None);
+        assert_eq!(c.try_retry(0, 0, false), Some(5));
+        assert_eq!(c.try_retry(0, 0, false), None);
         // A success after that retry refunds its cost.
         c.on_success(5);
-        assert_eq!(c.try_retry(0, false), Some(5));
+        assert_eq!(c.try_retry(0, 0, false), Some(5));
     }
 
     #[test]

@@ -27,10 +27,11 @@
 //! max_replay_bytes = 65536               # [64 KiB]
 //!
 //! [dependencies.payments.budget]
-//! ratio = 0.1                            # retries per request [0.1]
+//! ratio = 0.1                            # wasted retries per request [0.1]
 //! window = "10s"                         # [10s]
-//! min_retries = 1                        # per window [1]
-//! pace = 0.5                             # or false [0.5]
+//! allowance = 2                          # a new client's, spent once [2]
+//! min_retries = 0                        # per window, clock-keyed [0]
+//! pace = false                           # or a number [false]
 //!
 //! [dependencies.payments.breaker]        # on by default; enabled = false turns it off
 //! window = "2s"
@@ -401,6 +402,9 @@ fn read_budget(mut t: Table<'_>) -> Result<RetryBudgetBuilder, ConfigError> {
     }
     if let Some(window) = t.duration("window")? {
         budget = budget.window(window);
+    }
+    if let Some(n) = t.u32_in("allowance", 0, u32::MAX)? {
+        budget = budget.allowance(n);
     }
     if let Some(n) = t.u32_in("min_retries", 0, u32::MAX)? {
         budget = budget.min_retries(n);
