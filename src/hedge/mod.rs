@@ -215,7 +215,7 @@ struct Shared {
 ///
 /// `HedgePolicy::default()`: 2 attempts (one hedge), the delay the 95th percentile of
 /// successful latencies over 10 s (at least 1 ms, after 50 latencies), a fresh
-/// [`RetryBudget`] (10% over 10 s plus 1 retry a window, paced at half the request rate), 408/429/500/502/503/504 and gRPC
+/// [`RetryBudget`] (wasted retries within 10% of the requests over 10 s, plus an allowance of 2 spent once), 408/429/500/502/503/504 and gRPC
 /// UNAVAILABLE non-fatal.
 ///
 /// # Clone

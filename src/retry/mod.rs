@@ -313,7 +313,7 @@ fn plain_success<B>(res: &Response<B>) -> bool {
 /// The retry decisions for HTTP and gRPC requests, as a [`tower::retry::Policy`].
 ///
 /// `RetryPolicy::default()`: 3 attempts, full-jitter backoff from 200 ms to 20 s, a
-/// fresh [`RetryBudget`] (10% over 10 s plus 1 retry a window, paced at half the request rate), 408/429/500/502/503/504 and gRPC
+/// fresh [`RetryBudget`] (wasted retries within 10% of the requests over 10 s, plus an allowance of 2 spent once), 408/429/500/502/503/504 and gRPC
 /// UNAVAILABLE retried, Retry-After honoured up to 20 s, bodies replayed up to 64 KiB.
 ///
 /// # Clone
