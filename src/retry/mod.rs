@@ -344,9 +344,9 @@ pub struct RetryPolicy {
     attempts: u32,
     /// Whether this request has had its one transparent retry.
     transparent_used: bool,
-    /// This request's retries already settled with the budget: charged at once (those
-    /// after a failure that may have cost the server work, a timeout), or known not to
-    /// be wasted (the request was served). The rest are charged when it ends unserved.
+    /// This request's retries already settled with the budget: known not to be wasted
+    /// (the request was served) or charged already. The rest are charged as wasted
+    /// when it ends unserved.
     settled: u32,
     /// When the caller stops waiting: the request's [`Deadline`] or its `grpc-timeout`
     /// counted from its first send, read from the request at its first failure (a
@@ -500,10 +500,9 @@ impl RetryPolicy {
     }
 
     /// The last checks, once the wait is known: the deadline, then the budget (so a
-    /// retry that could never finish spends nothing). The budget admits the retry on
-    /// the waste so far, this request's own retries included; `expensive` (the attempt
-    /// may have cost the server work for nobody, as a timeout does) charges it at once.
-    fn may_wait(&mut self, now: Instant, delay: Duration, expensive: bool) -> Result<(), GiveUp> {
+    /// retry that could never finish asks for nothing), which admits the retry on the
+    /// waste so far.
+    fn may_wait(&self, now: Instant, delay: Duration) -> Result<(), GiveUp> {
         if self.deadline().is_some_and(|d| !d.allows(now, delay)) {
             return Err(GiveUp::Deadline);
         }
@@ -512,13 +511,8 @@ impl RetryPolicy {
                 return Err(GiveUp::Budget);
             }
         }
-        let budget = &self.shared.budget;
-        if !budget.admit(now, self.retries()) {
+        if !self.shared.budget.admit(now, self.retries()) {
             return Err(GiveUp::Budget);
-        }
-        if expensive {
-            budget.charge(now, 1);
-            self.settled += 1;
         }
         Ok(())
     }
@@ -1059,6 +1053,12 @@ where
             },
         };
         self.count_attempt(class, result.is_ok());
+        if expensive {
+            // Work the server may have done for nobody: charged whatever comes next.
+            let now = tokio::time::Instant::now().into_std();
+            let charge = stormguard_core::budget::EXPENSIVE_FAILURE;
+            self.shared.budget.charge(now, charge);
+        }
         let attempts = self.attempts;
         let decision = match class {
             Class::Success => return self.finish(result, attempts, None),
@@ -1089,7 +1089,7 @@ where
             None => self.next_backoff(backoff),
         };
         let now = tokio::time::Instant::now().into_std();
-        if let Err(why) = self.may_wait(now, delay, expensive) {
+        if let Err(why) = self.may_wait(now, delay) {
             return self.finish(result, attempts, Some(why));
         }
         let headers = req.headers_mut();

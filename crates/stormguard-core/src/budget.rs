@@ -8,22 +8,28 @@
 //! served, and only a retry that fails is load of the client's own making. So the budget
 //! counts **waste**: the retries of requests that ended unserved. Over a rolling window
 //! (10 s), wasted retries may not exceed `ratio` (10%) of the client's original requests,
-//! plus a small **allowance** counted in retries (2): a new client's, spent once.
+//! plus a small **allowance** counted in retries (2): savings carried over, which a new
+//! client starts with.
 //!
-//! - A retry is *admitted* ([`admit`](RetryBudget::admit)) while the window's waste,
-//!   plus the retries this request has already made (all failed, or it would not be
-//!   asking), leave room under that bound. Nothing is taken then.
+//! - A retry is *admitted* ([`admit`](RetryBudget::admit)) while that bound leaves
+//!   room: a request's first retry if the room holds more than one retry, a later
+//!   retry while any is left (the last retry's worth goes to requests already
+//!   retrying). Nothing is taken then.
 //! - When a request ends unserved, its retries are *charged*
 //!   ([`charge`](RetryBudget::charge)). A request served after two retries costs
 //!   nothing: the retries that succeed never count against the bound.
 //! - Other requests' retries still in flight are not counted: a burst of failures at one
-//!   instant (a blip) is retried whole, and its waste, if any, is paid for by the
-//!   requests after it. What that can overdraw is one request's retries per request then
-//!   in flight; a loom model and the simulator check the rest.
-//! - The allowance stands in for the window a new client has not yet built: its own
-//!   original requests take it away as they come (`ratio` of a retry each), and so does
-//!   waste the window cannot pay for. It never comes back with time, so a fleet of new
-//!   clients meeting an outage wastes it once each, not once a window.
+//!   instant (a blip) is retried, and its waste, if any, is paid for by the requests
+//!   after it. What that can overdraw is one request's retries per request then in
+//!   flight.
+//! - The allowance is the savings carried over from past windows: when a bucket leaves
+//!   the window, what its requests earned less what was wasted in it goes into the
+//!   allowance, which stays between nothing and its size (2 retries). A new client
+//!   starts with it full, so its first request gets all its attempts; a healthy
+//!   client keeps it full, so a quiet one rides out an isolated double failure; a
+//!   client in a long outage spends it once, since nothing it earns is left over.
+//!   Over any stretch of time, waste stays within 10% of the requests plus the
+//!   allowance.
 //!
 //! When nearly everything is failing, the waste is at the bound and the client degrades
 //! to about one attempt per request, plus 10%.
@@ -69,8 +75,8 @@
 //! than one already seen is counted at the newest epoch. This is checked by a loom model
 //! of the roll-over (`--cfg loom`) and by a contention test with a fast clock.
 //!
-//! The allowance is one more atomic, read on the retry path, written only when waste
-//! overdraws the window and at roll-overs while any of it is left. The optional pace
+//! The allowance is one more atomic, read on the retry path and written at roll-overs
+//! (under the lock, from the buckets that leave the window). The optional pace
 //! (see [`RetryBudgetBuilder::pace`], off by default) sits in front: one more
 //! compare-and-swap, on the retry path only.
 
@@ -100,7 +106,7 @@ const STAMP_MASK: u64 = (1 << STAMP_BITS) - 1;
 
 /// A retry budget: over a rolling `window`, wasted retries (those of requests that
 /// ended unserved) may not exceed `ratio` of the original requests, plus an
-/// `allowance` spent once; see the [module docs](self).
+/// `allowance` of savings carried over; see the [module docs](self).
 ///
 /// Defaults: ratio 0.1, window 10 s, allowance 2, no floor, no pace.
 ///
@@ -119,18 +125,18 @@ const STAMP_MASK: u64 = (1 << STAMP_BITS) - 1;
 ///     budget.deposit(t0);
 /// }
 /// // 100 requests pay for 10 wasted retries: nine requests that each retried once
-/// // in vain, and one more whose retry is still out (it could be the tenth).
+/// // in vain...
 /// for _ in 0..9 {
 ///     assert!(budget.admit(t0, 0));
 ///     budget.charge(t0, 1);
 /// }
-/// assert!(budget.admit(t0, 0));
-/// budget.charge(t0, 1);
+/// // ...and the last retry's worth is kept for requests already retrying.
 /// assert!(!budget.admit(t0, 0));
+/// assert!(budget.admit(t0, 1));
 /// // Retries that succeed are never charged: a client whose retries help keeps
 /// // retrying whatever its rate.
 /// let later = t0 + Duration::from_secs(11);
-/// for _ in 0..10 {
+/// for _ in 0..20 {
 ///     budget.deposit(later);
 /// }
 /// assert!((0..1000).all(|_| budget.admit(later, 0)));
@@ -152,9 +158,10 @@ struct State {
     min_retries: u64,
     /// The allowance a new budget starts with, in whole retries.
     allowance: u32,
-    /// What is left of the allowance, in units: spent by waste the window cannot pay
-    /// for, and by the budget's own original requests as they build up a window of
-    /// their own (at each roll-over, under `roll`); never refilled.
+    /// What is left of the allowance, in units (an `i64`'s bits: a debt is negative):
+    /// the savings, or the overdraft, of the buckets that left the window, carried
+    /// over at each roll-over (under `roll`), at most `allowance`. A new budget starts
+    /// with all of it.
     allowance_left: AtomicU64,
     /// Retries per original request at most, at any moment (`None`: unpaced).
     pace: Option<f64>,
@@ -194,6 +201,26 @@ impl<const N: usize> Ring<N> {
         for e in first..=epoch {
             self.bucket(e).store(pack(e, 0), Ordering::Release);
         }
+    }
+
+    /// The counts that leave the window when the clock moves from `seen` to `epoch`:
+    /// those of the buckets [`reset`](Self::reset) is about to empty that were in the
+    /// window ending at `seen`.
+    fn leaving(&self, seen: u64, epoch: u64) -> u64 {
+        let first = seen
+            .saturating_add(1)
+            .max(epoch.saturating_sub(N as u64 - 1));
+        (first..=epoch)
+            .map(|e| {
+                let word = self.bucket(e).load(Ordering::Acquire);
+                let age = (seen.wrapping_sub(word >> COUNT_BITS)) & STAMP_MASK;
+                if age < N as u64 {
+                    word & COUNT_MAX
+                } else {
+                    0
+                }
+            })
+            .sum()
     }
 
     /// The sum of the buckets of the window ending at `epoch`: those stamped with one
@@ -238,15 +265,15 @@ impl RetryBudget {
     /// [`charge`](Self::charge) once the request has ended unserved, and a request that
     /// ends in success costs nothing.
     ///
-    /// A retry is admitted while the wasted retries of the window, plus the ones this
-    /// request has already made, have not used up `ratio` times the window's original
-    /// requests, plus what is left of the allowance, plus the floor: it may overdraw
-    /// the bound by less than itself. (Admitting only retries that fit whole, should
-    /// they be wasted too, refuses a quiet client's retries whenever its window holds
-    /// a few requests too few: at one request a second that cost the simulator's
-    /// partial30 fleet ten points of success.)
+    /// The room is `ratio` times the window's original requests, plus the floor, less
+    /// the window's waste, plus what is left of the allowance. A request's first retry
+    /// is admitted if the room holds more than one retry; a later one while any room is
+    /// left. So the last retry's worth of room goes to requests already retrying: in a
+    /// blip their later retries are the ones that land after it, and refusing them
+    /// would waste the retries they already made.
+    ///
     /// Other requests' retries still in flight are not counted against it: a burst of
-    /// failures at one instant (a blip) is retried whole, and what it wastes is paid for
+    /// failures at one instant (a blip) is retried, and what it wastes is paid for
     /// afterwards by the requests that follow.
     ///
     /// ```
@@ -258,38 +285,37 @@ impl RetryBudget {
     /// // A brand-new client: its first request may retry twice on its allowance.
     /// budget.deposit(t0);
     /// assert!(budget.admit(t0, 0) && budget.admit(t0, 1));
-    /// // It failed all the same: both retries were wasted, the allowance is spent...
+    /// // It failed all the same: both retries were wasted, and nothing is left.
     /// budget.charge(t0, 2);
     /// budget.deposit(t0);
     /// assert!(!budget.admit(t0, 0));
-    /// // ...and 10% of the window's requests pay for what is wasted from now on.
+    /// // The overdraft (0.8 of a retry) outlives the window; 10% of the requests after
+    /// // it repay it, then pay for what is wasted from then on.
     /// let later = t0 + Duration::from_secs(11);
-    /// for _ in 0..20 {
+    /// for _ in 0..25 {
     ///     budget.deposit(later);
     /// }
-    /// assert!(budget.admit(later, 0) && budget.admit(later, 1) && !budget.admit(later, 2));
+    /// assert!(budget.admit(later, 0) && budget.admit(later, 1));
+    /// // With less than a retry's room left, only requests already retrying get it.
+    /// budget.charge(later, 1);
+    /// assert!(!budget.admit(later, 0) && budget.admit(later, 1));
     /// # Ok::<(), stormguard_core::ConfigError>(())
     /// ```
     pub fn admit(&self, now: Instant, retries: u32) -> bool {
         let state = &*self.state;
-        // Some room left once the request's own retries are counted as wasted: the
-        // retry may overdraw the bound by less than itself.
-        let room = state.room(state.advance(now)) - i64::from(retries) * UNIT;
-        room > 0 && state.paced(now)
+        let room = state.room(state.advance(now));
+        let reserve = if retries == 0 { UNIT } else { 0 };
+        room > reserve && state.paced(now)
     }
 
     /// Charges `wasted` retries at `now`: those of a request that ended without being
     /// served (every retry it made failed, it was refused, or its caller gave up on it),
-    /// or hedges that lost. What the window's earnings cannot pay for comes out of the
-    /// allowance as well.
+    /// or hedges that lost.
     pub fn charge(&self, now: Instant, wasted: u32) {
         if wasted == 0 {
             return;
         }
         let state = &*self.state;
-        let epoch = state.advance(now);
-        let excess = i64::from(wasted) * UNIT - state.balance(epoch).max(0);
-        state.spend_allowance(excess);
         state.count(&state.withdrawals, now, u64::from(wasted), |_, _| true);
     }
 
@@ -308,16 +334,9 @@ impl RetryBudget {
         if !state.paced(now) {
             return false;
         }
-        let mut short = 0;
-        let granted = state.count(&state.withdrawals, now, 1, |epoch, count| {
-            let balance = state.balance(epoch);
-            short = UNIT - balance.max(0);
-            count < COUNT_MAX && balance.saturating_add(state.allowance_units()) >= UNIT
-        });
-        if granted {
-            state.spend_allowance(short);
-        }
-        granted
+        state.count(&state.withdrawals, now, 1, |epoch, count| {
+            count < COUNT_MAX && state.room(epoch) >= UNIT
+        })
     }
 
     /// How many whole retries the budget would admit at `now` for requests that have
@@ -327,7 +346,8 @@ impl RetryBudget {
         u64::try_from(self.state.room(epoch) / UNIT).unwrap_or(0)
     }
 
-    /// What is left of the allowance, in whole retries (it is never refilled).
+    /// What is left of the allowance, in whole retries: the savings carried over from
+    /// before the window (0 while an overdraft left behind by it is being repaid).
     pub fn allowance_left(&self) -> u64 {
         u64::try_from(self.state.allowance_units() / UNIT).unwrap_or(0)
     }
@@ -429,12 +449,14 @@ impl State {
         self.withdrawals
             .bucket(current)
             .fetch_or(SEALED, Ordering::AcqRel);
-        // The allowance stands in for a window of the budget's own until it has one: the
-        // original requests of the epoch that ends take their share of it away.
-        let ended = self.deposits.bucket(current).load(Ordering::Acquire);
-        if ended >> COUNT_BITS == current & STAMP_MASK {
-            let earned = i64::try_from(ended & COUNT_MAX).unwrap_or(i64::MAX);
-            self.spend_allowance(earned.saturating_mul(self.deposit_units));
+        // What leaves the window carries its savings, or its overdraft, into the
+        // allowance (with no allowance, only an overdraft). A floor is a grant of every
+        // window: with one, what leaves the window is forgotten, as v0.2 had it.
+        if self.reserve_units == 0 {
+            let earned =
+                i128::from(self.deposits.leaving(current, epoch)) * i128::from(self.deposit_units);
+            let wasted = i128::from(self.withdrawals.leaving(current, epoch)) * i128::from(UNIT);
+            self.carry_over(earned - wasted);
         }
         self.deposits.reset(current, epoch);
         self.withdrawals.reset(current, epoch);
@@ -512,25 +534,22 @@ impl State {
         self.spend.try_take(ms, per_sec)
     }
 
-    /// What is left of the allowance, in units.
+    /// What is left of the allowance, in units: negative for a debt.
     fn allowance_units(&self) -> i64 {
-        i64::try_from(self.allowance_left.load(Ordering::Acquire)).unwrap_or(i64::MAX)
+        self.allowance_left.load(Ordering::Acquire).cast_signed()
     }
 
-    /// Takes `units` (if positive) from the allowance, down to nothing.
-    fn spend_allowance(&self, units: i64) {
-        let Ok(units) = u64::try_from(units) else {
-            return;
-        };
-        if units == 0 || self.allowance_left.load(Ordering::Relaxed) == 0 {
-            return;
-        }
-        // Never fails: the closure always gives a value.
-        let _ = self
-            .allowance_left
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |left| {
-                Some(left.saturating_sub(units))
-            });
+    /// Carries what the buckets leaving the window saved (or overdrew) into the
+    /// allowance: savings up to its size, and debt whatever its size (a debt left
+    /// behind by the window is not forgiven, or the window's own earnings would pay
+    /// twice). Under `roll`.
+    fn carry_over(&self, units: i128) {
+        let cap = i128::from(self.allowance) * i128::from(UNIT);
+        let left = i128::from(self.allowance_units());
+        let next = (left + units).clamp(i128::from(i64::MIN), cap);
+        let next = i64::try_from(next).unwrap_or(i64::MIN);
+        self.allowance_left
+            .store(next.cast_unsigned(), Ordering::Release);
     }
 
     /// The window's balance plus what is left of the allowance, in units.
@@ -587,9 +606,14 @@ impl Default for RetryBudgetBuilder {
 /// The pace v0.2 set by default; v0.3 sets none (see [`RetryBudgetBuilder::pace`]).
 pub const DEFAULT_PACE: f64 = 0.5;
 
-/// The default [`allowance`](RetryBudgetBuilder::allowance): enough for a new client's
-/// first request to use all three of its default attempts.
-pub const DEFAULT_ALLOWANCE: u32 = 2;
+/// What a failure that may have cost the server work for nobody (a timeout, a reset)
+/// is charged at once, in wasted retries, whether or not it is retried: twice a wasted
+/// retry, as the AWS SDKs' retry quota charges a timeout twice a retry (10 against 5).
+pub const EXPENSIVE_FAILURE: u32 = 2;
+
+/// The default [`allowance`](RetryBudgetBuilder::allowance): with a new client's own
+/// first request, enough for that request to use all three of its default attempts.
+pub const DEFAULT_ALLOWANCE: u32 = 1;
 
 impl RetryBudgetBuilder {
     /// Retries allowed per original request, from 0 to 1, kept to four decimal places
@@ -606,12 +630,14 @@ impl RetryBudgetBuilder {
         self
     }
 
-    /// The retries a new budget may waste before it has a window of its own
-    /// \[[`DEFAULT_ALLOWANCE`]\]: counted in retries, not per unit of time, and spent
-    /// once. It stands in for the window a new client has not built yet, so the
-    /// client's own original requests take it away as they come (`ratio` of a retry
-    /// each), and so does any waste the window cannot pay for; it is never refilled.
-    /// A fleet of new clients meeting an outage wastes it once each, not once a window.
+    /// The most savings carried over from past windows, in retries
+    /// \[[`DEFAULT_ALLOWANCE`]\]: counted in retries, not per unit of time. When a
+    /// bucket leaves the window, what its requests earned (`ratio` each) less what was
+    /// wasted in it goes into the allowance, which stays between 0 and this. A new
+    /// budget starts with all of it, so a new client's first request gets all its
+    /// attempts; a client in a long outage spends it once and earns nothing back until
+    /// its requests are served again (a fleet of new clients wastes it once each, not
+    /// once a window). 0 turns it off: the window's 10% alone.
     pub fn allowance(mut self, retries: u32) -> Self {
         self.allowance = retries;
         self
@@ -627,7 +653,8 @@ impl RetryBudgetBuilder {
     }
 
     /// Retries granted in *every* window even with no deposits \[0\]: a clock-keyed
-    /// floor, as v0.2 had by default (1). Prefer the [`allowance`](Self::allowance),
+    /// floor, as v0.2 had by default (1). With a floor, what leaves the window is
+    /// forgotten, savings and overdrafts alike, as in v0.2. Prefer the [`allowance`](Self::allowance),
     /// which a fleet of new clients spends once: a floor per window lets a fleet of
     /// many small clients retry at many times its budget through a long outage.
     pub fn min_retries(mut self, retries: u32) -> Self {
@@ -922,19 +949,37 @@ mod tests {
     }
 
     #[test]
-    fn the_allowance_gives_way_to_a_window_of_the_clients_own() {
+    fn the_allowance_carries_savings_and_debts_over() {
         let (b, t0) = fresh();
-        // Twenty requests (ratio 0.1) earn what the allowance of two stood in for.
-        for _ in 0..20 {
-            b.deposit(t0);
+        assert_eq!(b.allowance_left(), u64::from(DEFAULT_ALLOWANCE));
+        // Healthy traffic: what the window saves beyond the allowance's size is not
+        // kept, so a quiet healthy client has its window and the allowance.
+        for s in 0..60u64 {
+            b.deposit(t0 + Duration::from_secs(s));
         }
-        assert_eq!(b.allowance_left(), 2, "taken away at the roll-over");
-        let later = t0 + Duration::from_secs(1);
-        assert_eq!(b.available(later), 2);
-        assert_eq!(b.allowance_left(), 0);
-        // Once those requests leave the window, so do their retries: the allowance
-        // does not come back with time.
-        assert_eq!(b.available(t0 + Duration::from_secs(30)), 0);
+        let now = t0 + Duration::from_secs(60);
+        assert_eq!(b.allowance_left(), u64::from(DEFAULT_ALLOWANCE));
+        assert!(
+            b.admit(now, 0) && b.admit(now, 1),
+            "both retries of a double failure"
+        );
+        // Ten requests wasted in one go: far more than the window and the allowance.
+        b.charge(now, 10);
+        assert_eq!(b.available(now), 0);
+        // The debt outlives the window it was charged in: the requests after it repay
+        // it, 10% each, before a new request may retry again. About 9 retries of debt
+        // (10, less the 0.9 the window held and the allowance), and the room of one
+        // retry the reserve needs on top: about a hundred requests.
+        let later = now + Duration::from_secs(15);
+        assert_eq!(b.available(later), 0);
+        let repaid = (0..1_000u64)
+            .find(|s| {
+                let at = later + Duration::from_secs(*s);
+                b.deposit(at);
+                b.admit(at, 0)
+            })
+            .expect("repaid at last");
+        assert!((90..=115).contains(&repaid), "after {repaid} requests");
     }
 
     #[test]
@@ -947,17 +992,20 @@ mod tests {
         }
         assert!((0..50).all(|_| b.admit(t0, 0)));
         assert!((0..25).all(|_| b.admit(t0, 1)));
-        // Ten of them end unserved after two retries each: 20 wasted, against the
-        // 5 the requests earned and the allowance of 2.
+        // Ten of them end unserved after two retries each: 20 wasted, against the 5
+        // the requests earned and the allowance.
         b.charge(t0, 20);
-        assert!(!b.admit(t0, 0));
-        assert_eq!(b.allowance_left(), 0);
-        // The waste leaves with its window, and ten requests pay for a retry again.
+        assert!(!b.admit(t0, 0) && !b.admit(t0, 1));
+        // The overdraft is repaid by the requests after it, whatever the time.
         let later = t0 + Duration::from_secs(11);
-        for _ in 0..10 {
+        for _ in 0..150 {
             b.deposit(later);
         }
-        assert!(b.admit(later, 0) && !b.admit(later, 1));
+        assert!(!b.admit(later, 0), "{}", b.available(later));
+        for _ in 0..20 {
+            b.deposit(later);
+        }
+        assert!(b.admit(later, 0));
     }
 
     #[test]

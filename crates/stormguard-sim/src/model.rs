@@ -262,8 +262,6 @@ struct Request {
     seed: u64,
     /// What the last retry cost an AWS-style quota.
     spent: u32,
-    /// Retries already charged to the budget (those after a timeout, at once).
-    charged: u32,
     live: bool,
 }
 
@@ -452,7 +450,6 @@ impl Fleet {
             schedule: None,
             seed,
             spent: 0,
-            charged: 0,
             live: true,
         };
         let id = match self.free_requests.pop() {
@@ -600,6 +597,8 @@ impl Fleet {
         let class = match status {
             None => {
                 self.report.timeouts += 1;
+                let (c, t) = (self.requests[req as usize].client, self.now);
+                self.state(c).on_timeout(t);
                 // A per-attempt timeout on an idempotent request: retryable.
                 Class::Retryable { after: None }
             }
@@ -642,11 +641,7 @@ impl Fleet {
         }
         let retries = self.requests[req as usize].attempts - 1;
         match self.state(client).try_retry(t, retries, status.is_none()) {
-            Some(spent) => {
-                let r = &mut self.requests[req as usize];
-                r.spent = spent;
-                r.charged += u32::from(status.is_none());
-            }
+            Some(spent) => self.requests[req as usize].spent = spent,
             None => {
                 self.finish(req, false);
                 return;
@@ -685,10 +680,7 @@ impl Fleet {
         }
         r.live = false;
         r.schedule = None;
-        let (client, retries) = (
-            r.client,
-            r.attempts.saturating_sub(1) - r.charged.min(r.attempts.saturating_sub(1)),
-        );
+        let (client, retries) = (r.client, r.attempts.saturating_sub(1));
         let arrived = r.arrived_s as usize;
         if !ok {
             let t = self.now;

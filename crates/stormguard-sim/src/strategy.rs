@@ -443,22 +443,24 @@ impl ClientState {
         }
     }
 
-    /// May a retry be made at `now` after a failure (`timeout` if it timed out) of a
-    /// request that has made `retries` retries so far? Returns the quota it cost (0
-    /// for the others) or `None` when refused.
+    /// An attempt timed out at `t`: work the server may have done for nobody, which
+    /// a core budget is charged at once as two wasted retries (as the retry layer
+    /// charges a timeout or a reset).
+    pub(crate) fn on_timeout(&mut self, t: u64) {
+        let now = self.instant(t);
+        if let BudgetState::Core(b) = &self.budget {
+            b.charge(now, stormguard_core::budget::EXPENSIVE_FAILURE);
+        }
+    }
+
+    /// May a retry be made at `t` after a failure (`timeout` if it timed out) of a
+    /// request that has made `retries` retries? Returns the quota it cost (0 for the
+    /// others) or `None` when refused.
     pub(crate) fn try_retry(&mut self, t: u64, retries: u32, timeout: bool) -> Option<u32> {
         let now = self.instant(t);
         match &mut self.budget {
             BudgetState::None => Some(0),
-            BudgetState::Core(b) => {
-                let admitted = b.admit(now, retries);
-                // A timeout is the expensive failure (work the server may have done for
-                // nobody): its retry is charged at once, whatever becomes of it.
-                if admitted && timeout {
-                    b.charge(now, 1);
-                }
-                admitted.then_some(0)
-            }
+            BudgetState::Core(b) => b.admit(now, retries).then_some(0),
             BudgetState::Tps(b) => b.withdraw(t).then_some(0),
             BudgetState::A6(th) => th.allows_retry().then_some(0),
             BudgetState::Quota(q) => {
