@@ -1,8 +1,8 @@
-//! Retry storms, four ways, in several scenarios: what stormguard is for, in one command.
+//! Retry storms, five ways, in several scenarios: what stormguard is for, in one command.
 //!
 //! ```text
 //! cargo run --release --example storm                        # the outage, about a minute
-//! cargo run --release --example storm -- --scenario all      # every scenario, about 5 minutes
+//! cargo run --release --example storm -- --scenario all      # every scenario, about 16 minutes
 //! cargo run --release --example storm -- --quick             # every scenario briefly, the CI smoke test
 //! cargo run --release --example storm -- --json              # the rows as one JSON array on stdout
 //! ```
@@ -20,16 +20,23 @@
 //! - **brownout**: every request takes 2.5 times as long, so capacity drops to 40% and the
 //!   queue fills;
 //! - **fleet**: an outage seen by 200 small clients (2.6 requests/s each) that each keep
-//!   their own retry budget and circuit breaker, instead of 8 clients sharing one.
+//!   their own retry budget and circuit breaker, instead of 8 clients sharing one;
+//! - **blip**: ten blips of 300 ms, one every 2 s, in which every request gets a fast
+//!   503 (success in the window counts the requests started in a blip);
+//! - **fleet-partial30**: the partial outage at 30%, seen by the 200 small clients;
+//! - **partial30-long**: the partial outage at 30% for 60 s.
 //!
 //! The strategies (rows), each with the same 100 ms per-attempt timeout, innermost:
 //!
 //! 1. **none**: the timeout only, no retries;
 //! 2. **naive**: five attempts at a fixed interval, no jitter, no budget: the policy
 //!    people write by hand;
-//! 3. **tower**: `tower::retry::Retry` with tower's `ExponentialBackoff` and a
+//! 3. **unlimited**: stormguard's [`RetryLayer`] with 3 attempts of full jitter
+//!    200 ms / 20 s and a budget that never refuses, no breaker: what retries can do,
+//!    pinned whatever the defaults become (the reference every row is judged against);
+//! 4. **tower**: `tower::retry::Retry` with tower's `ExponentialBackoff` and a
 //!    `TpsBudget` (20% plus 10 retries a second, linkerd's and Finagle's defaults);
-//! 4. **stormguard**: [`RetryLayer`] over a [`CircuitBreakerLayer`], both with the
+//! 5. **stormguard**: [`RetryLayer`] over a [`CircuitBreakerLayer`], both with the
 //!    library's defaults (`RetryPolicy::builder().seed(seed).build()` and
 //!    `CircuitBreaker::builder().seed(seed).build()`): what a user gets.
 //!
@@ -72,7 +79,10 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use stormguard::{BoxError, CircuitBreaker, CircuitBreakerLayer, RetryLayer, RetryPolicy};
+use stormguard::{
+    Backoff, BoxError, CircuitBreaker, CircuitBreakerLayer, Jitter, RetryBudget, RetryLayer,
+    RetryPolicy,
+};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
@@ -105,11 +115,20 @@ const RECOVERY_WINDOW: Duration = Duration::from_millis(250);
 const RECOVERED_RATIO: f64 = 0.99;
 /// In a brownout, the work per request is multiplied by this (capacity to 40%).
 const BROWNOUT_SLOWDOWN: f64 = 2.5;
+/// The blip scenario: a blip of this length...
+const BLIP_LENGTH: Duration = Duration::from_millis(300);
+/// ...at the start of every this long...
+const BLIP_EVERY: Duration = Duration::from_secs(2);
+/// ...this many times.
+const BLIPS: f64 = 10.0;
+/// The long partial outage's window, seconds.
+const PARTIAL_LONG_SECS: f64 = 60.0;
 
 const USAGE: &str = "\
 usage: cargo run --release --example storm -- [OPTIONS]
 
-  --scenario NAME    outage | partial | brownout | fleet | all [outage]
+  --scenario NAME    outage | partial | brownout | fleet | blip | fleet-partial |
+                     partial30-long | all [outage]
   --fail-ratio P     share of requests failing in a partial outage [0.3; 0..=1]
   --quick            every scenario (unless --scenario is given), briefly: the CI smoke test
   --json             print every row as one JSON array instead of tables
@@ -202,6 +221,9 @@ enum Selection {
     Partial,
     Brownout,
     Fleet,
+    Blip,
+    FleetPartial,
+    PartialLong,
     All,
 }
 
@@ -244,11 +266,14 @@ impl Options {
                         "partial" => Selection::Partial,
                         "brownout" => Selection::Brownout,
                         "fleet" => Selection::Fleet,
+                        "blip" => Selection::Blip,
+                        "fleet-partial" => Selection::FleetPartial,
+                        "partial30-long" => Selection::PartialLong,
                         "all" => Selection::All,
                         other => {
                             return Err(format!(
                                 "--scenario: `{other}` is not one of outage, partial, \
-                                 brownout, fleet, all"
+                                 brownout, fleet, blip, fleet-partial, partial30-long, all"
                             ))
                         }
                     });
@@ -288,40 +313,64 @@ impl Options {
     /// The scenarios to run, in order.
     fn scenarios(&self) -> Vec<Scenario> {
         let partial = |ratio: f64| Fault::Partial(ratio);
+        let outage = || self.scenario(Fault::Outage, false, None);
+        let partial_long = || self.scenario(partial(0.3), false, Some(PARTIAL_LONG_SECS));
+        let fleet_partial = || self.scenario(partial(0.3), true, None);
         match self.selection {
-            Selection::Outage => vec![self.scenario(Fault::Outage, false)],
-            Selection::Partial => vec![self.scenario(partial(self.fail_ratio), false)],
-            Selection::Brownout => vec![self.scenario(Fault::Brownout, false)],
-            Selection::Fleet => vec![self.scenario(Fault::Outage, true)],
+            Selection::Outage => vec![outage()],
+            Selection::Partial => vec![self.scenario(partial(self.fail_ratio), false, None)],
+            Selection::Brownout => vec![self.scenario(Fault::Brownout, false, None)],
+            Selection::Fleet => vec![self.scenario(Fault::Outage, true, None)],
+            Selection::Blip => vec![self.blips()],
+            Selection::FleetPartial => vec![fleet_partial()],
+            Selection::PartialLong => vec![partial_long()],
             Selection::All => vec![
-                self.scenario(Fault::Outage, false),
-                self.scenario(partial(0.3), false),
-                self.scenario(partial(0.6), false),
-                self.scenario(Fault::Brownout, false),
-                self.scenario(Fault::Outage, true),
+                outage(),
+                self.blips(),
+                self.scenario(partial(0.3), false, None),
+                self.scenario(partial(0.6), false, None),
+                partial_long(),
+                self.scenario(Fault::Brownout, false, None),
+                self.scenario(Fault::Outage, true, None),
+                fleet_partial(),
             ],
         }
     }
 
-    fn scenario(&self, fault: Fault, own_state: bool) -> Scenario {
+    /// Ten blips (fewer with `--quick`), one every [`BLIP_EVERY`].
+    fn blips(&self) -> Scenario {
+        let blips = if self.quick { 1.0 } else { BLIPS };
+        let secs = blips * BLIP_EVERY.as_secs_f64();
+        self.scenario(Fault::Blip, false, Some(secs))
+    }
+
+    /// A scenario of `fault`, seen by 200 small clients with their own state
+    /// (`own_state`) or 8 sharing one, with a window of `window_secs` (else
+    /// `--outage-secs`, else 5 s).
+    fn scenario(&self, fault: Fault, own_state: bool, window_secs: Option<f64>) -> Scenario {
+        let long = window_secs.is_some_and(|w| w > 20.0);
         let name = match (fault, own_state) {
+            (Fault::Partial(ratio), true) => format!("fleet-partial{:.0}", ratio * 100.0),
             (_, true) => "fleet".to_owned(),
             (Fault::Outage, false) => "outage".to_owned(),
+            (Fault::Partial(ratio), false) if long => {
+                format!("partial{:.0}-long", ratio * 100.0)
+            }
             (Fault::Partial(ratio), false) => format!("partial{:.0}", ratio * 100.0),
             (Fault::Brownout, false) => "brownout".to_owned(),
+            (Fault::Blip, false) => "blip".to_owned(),
         };
         // 520 requests/s offered by default either way: 8 x 65 or 200 x 2.6.
         let (default_clients, rate_per_client) = if own_state { (200, 2.6) } else { (8, 65.0) };
         let (phases, request_deadline) = if self.quick {
-            (
-                Phases::new(0.4, self.window_secs.unwrap_or(0.8), 0.6),
-                Duration::from_secs(1),
-            )
+            let window = match fault {
+                Fault::Blip => BLIP_EVERY.as_secs_f64(),
+                _ => self.window_secs.unwrap_or(0.8),
+            };
+            (Phases::new(0.4, window, 0.6), Duration::from_secs(1))
         } else {
-            (
-                Phases::new(3.0, self.window_secs.unwrap_or(5.0), 5.0),
-                Duration::from_secs(2),
-            )
+            let window = window_secs.or(self.window_secs).unwrap_or(5.0);
+            (Phases::new(3.0, window, 5.0), Duration::from_secs(2))
         };
         Scenario {
             name,
@@ -366,6 +415,9 @@ enum Fault {
     Partial(f64),
     /// Every request takes [`BROWNOUT_SLOWDOWN`] times as long to serve.
     Brownout,
+    /// Every request gets a 503 at once during the first [`BLIP_LENGTH`] of every
+    /// [`BLIP_EVERY`] of the window.
+    Blip,
 }
 
 /// Everything one scenario depends on.
@@ -408,6 +460,12 @@ impl Scenario {
             Fault::Brownout => format!(
                 "work {BROWNOUT_SLOWDOWN}x longer, capacity {:.0} req/s",
                 self.capacity() / BROWNOUT_SLOWDOWN
+            ),
+            Fault::Blip => format!(
+                "every request 503 for {} ms of every {} s; ok win counts the requests \
+                 started in a blip",
+                BLIP_LENGTH.as_millis(),
+                BLIP_EVERY.as_secs()
             ),
         };
         let state = if self.own_state {
@@ -463,6 +521,15 @@ impl Phases {
 
     fn in_window(&self, at: Duration) -> bool {
         (self.window_start..self.window_end).contains(&at)
+    }
+
+    /// Whether `fault` is failing requests at `at`: in the window, and for blips in
+    /// one of them.
+    fn failing(&self, fault: Fault, at: Duration) -> bool {
+        self.in_window(at)
+            && (fault != Fault::Blip
+                || (at - self.window_start).as_nanos() % BLIP_EVERY.as_nanos()
+                    < BLIP_LENGTH.as_nanos())
     }
 }
 
@@ -523,9 +590,9 @@ impl Dependency {
         if let Some(count) = self.attempts.get(bucket).or(self.attempts.last()) {
             count.fetch_add(1, Ordering::Relaxed);
         }
-        if self.phases.in_window(now) {
+        if self.phases.failing(self.fault, now) {
             match self.fault {
-                Fault::Outage => return StatusCode::SERVICE_UNAVAILABLE,
+                Fault::Outage | Fault::Blip => return StatusCode::SERVICE_UNAVAILABLE,
                 Fault::Partial(ratio) if self.draw() < ratio => {
                     return StatusCode::SERVICE_UNAVAILABLE
                 }
@@ -644,17 +711,25 @@ async fn start_server(
 enum Kind {
     None,
     Naive,
+    Unlimited,
     Tower,
     Stormguard,
 }
 
 impl Kind {
-    const ALL: [Kind; 4] = [Kind::None, Kind::Naive, Kind::Tower, Kind::Stormguard];
+    const ALL: [Kind; 5] = [
+        Kind::None,
+        Kind::Naive,
+        Kind::Unlimited,
+        Kind::Tower,
+        Kind::Stormguard,
+    ];
 
     fn name(self) -> &'static str {
         match self {
             Kind::None => "none",
             Kind::Naive => "naive",
+            Kind::Unlimited => "unlimited",
             Kind::Tower => "tower",
             Kind::Stormguard => "stormguard",
         }
@@ -669,6 +744,9 @@ enum Strategy {
     Tower {
         budget: Arc<TpsBudget>,
         backoff: ExponentialBackoffMaker<HasherRng<SeededHasher>>,
+    },
+    Unlimited {
+        policy: RetryPolicy,
     },
     Stormguard {
         policy: RetryPolicy,
@@ -690,6 +768,25 @@ impl Strategy {
                     0.99,
                     HasherRng::with_hasher(SeededHasher(seed)),
                 )?,
+            },
+            // What retries can do: 3 attempts of full jitter 200 ms / 20 s and nothing
+            // else, pinned whatever the defaults become.
+            Kind::Unlimited => Strategy::Unlimited {
+                policy: RetryPolicy::builder()
+                    .max_attempts(3)
+                    .backoff(Backoff::new(
+                        Duration::from_millis(200),
+                        Duration::from_secs(20),
+                        Jitter::Full,
+                    )?)
+                    .budget(
+                        RetryBudget::builder()
+                            .ratio(1.0)
+                            .allowance(u32::MAX)
+                            .build()?,
+                    )
+                    .seed(seed)
+                    .build()?,
             },
             // The library's defaults: only the seed is set, for reproducible jitter.
             Kind::Stormguard => Strategy::Stormguard {
@@ -722,6 +819,12 @@ impl Strategy {
                 TowerPolicy::new(3, budget.clone(), backoff.clone().make_backoff()),
                 ServiceBuilder::new().layer(timeout).service(http),
             )),
+            Strategy::Unlimited { policy } => BoxCloneService::new(
+                ServiceBuilder::new()
+                    .layer(RetryLayer::new(policy.clone()))
+                    .layer(timeout)
+                    .service(http),
+            ),
             Strategy::Stormguard { policy, breaker } => BoxCloneService::new(
                 ServiceBuilder::new()
                     .layer(RetryLayer::new(policy.clone()))
@@ -1054,6 +1157,13 @@ impl Report {
                 .collect()
         };
         let window = started_in(phases.window_start, phases.window_end);
+        // Success in the window: of the requests started while the fault was failing
+        // them (for blips, in a blip; else the whole window).
+        let failing: Vec<Outcome> = window
+            .iter()
+            .filter(|o| phases.failing(scenario.fault, o.started))
+            .copied()
+            .collect();
         let after = started_in(phases.window_end, Duration::MAX);
         let first_second_after = started_in(
             phases.window_end,
@@ -1090,7 +1200,7 @@ impl Report {
             amplification_total: ratio(attempts as f64, outcomes.len() as f64),
             peak_amplification: ratio(peak as f64, offered_per_bucket),
             success_ratio: success_ratio(outcomes),
-            success_window: success_ratio(&window),
+            success_window: success_ratio(&failing),
             success_after: success_ratio(&after),
             success_first_second_after: success_ratio(&first_second_after),
             p50_ms: percentile_ms(&latencies, 0.50),
@@ -1314,7 +1424,13 @@ fn draw_svg(path: &Path, scenario: &Scenario, reports: &[Report]) -> Result<(), 
         ))?
         .label("server capacity")
         .legend(|(x, y)| PathElement::new([(x, y), (x + 16, y)], BLACK.mix(0.6)));
-    let colours = [RGBColor(150, 150, 150), RED, BLUE, RGBColor(0, 150, 60)];
+    let colours = [
+        RGBColor(150, 150, 150),
+        RED,
+        RGBColor(230, 140, 0),
+        BLUE,
+        RGBColor(0, 150, 60),
+    ];
     for (report, colour) in reports.iter().zip(colours) {
         let points = report.attempt_rate().filter(|&(x, _)| x <= x_end);
         chart

@@ -11,8 +11,9 @@
 //! | `retry_exhausted_total` | counter | `service` | requests that failed after every attempt allowed |
 //! | `retry_give_ups_total` | counter | `service`, `reason` | every give-up, by [`GiveUp`] reason (`budget`, `circuit_open`, `deadline`...) |
 //! | `retry_transparent_total` | counter | `service` | transparent retries (refused streams, drained connections) |
-//! | `retry_budget_remaining` | gauge | `service` | whole retries the budget would grant, as of the last failure (labelled with the budget's own name if it has one, else the policy's) |
-//! | `retry_ratio` | gauge | `service` | retries per original request over the budget's window, as of the last failure (labelled as above) |
+//! | `retry_budget_remaining` | gauge | `service` | whole retries of room in the budget (a request's first retry needs more than one, a later one any), as of the last failure (labelled with the budget's own name if it has one, else the policy's) |
+//! | `retry_budget_allowance` | gauge | `service` | whole retries of the allowance left (savings carried over; 0 while an overdraft is repaid), as of the last failure (labelled as above) |
+//! | `retry_ratio` | gauge | `service` | wasted retries (of requests that ended unserved, and timeouts) per original request over the budget's window, what the budget bounds, as of the last failure (labelled as above) |
 //! | `retry_delay_seconds` | histogram | `service` | the wait before each retry |
 //! | `retry_retries_per_call` | histogram | `service` | retries each call took (gRFC A45's per-call view) |
 //! | `circuit_breaker_state` | gauge | `dependency` | 0 closed, 1 half-open, 2 open, 3 isolated |
@@ -62,6 +63,7 @@ struct RetryHandles {
     give_ups: Vec<Counter>,
     transparent: Counter,
     budget_remaining: Gauge,
+    allowance: Gauge,
     ratio: Gauge,
     delay: Histogram,
     retries_per_call: Histogram,
@@ -99,6 +101,7 @@ impl RetryMetrics {
                     .collect(),
                 transparent: metrics::counter!("retry_transparent_total", "service" => service.clone()),
                 budget_remaining: metrics::gauge!("retry_budget_remaining", "service" => budget.clone()),
+                allowance: metrics::gauge!("retry_budget_allowance", "service" => budget.clone()),
                 ratio: metrics::gauge!("retry_ratio", "service" => budget),
                 delay: metrics::histogram!("retry_delay_seconds", "service" => service.clone()),
                 retries_per_call: metrics::histogram!("retry_retries_per_call", "service" => service),
@@ -115,12 +118,11 @@ impl RetryMetrics {
         }
     }
 
-    /// A retry was scheduled after `delay`; `remaining` and `ratio` describe the budget.
-    pub(crate) fn retry(&self, service: &str, delay: std::time::Duration, budget: (u64, f64)) {
+    /// A retry was scheduled after `delay`; `budget` is the budget's state.
+    pub(crate) fn retry(&self, service: &str, delay: std::time::Duration, budget: BudgetView) {
         let handles = self.handles(service);
         handles.delay.record(delay.as_secs_f64());
-        handles.budget_remaining.set(budget.0 as f64);
-        handles.ratio.set(budget.1);
+        handles.set_budget(budget);
     }
 
     /// A transparent retry was made.
@@ -129,7 +131,7 @@ impl RetryMetrics {
     }
 
     /// The layer gave up for `why`.
-    pub(crate) fn give_up(&self, service: &str, why: GiveUp, budget: (u64, f64)) {
+    pub(crate) fn give_up(&self, service: &str, why: GiveUp, budget: BudgetView) {
         let handles = self.handles(service);
         if let Some(i) = REASONS.iter().position(|r| *r == why) {
             if let Some(counter) = handles.give_ups.get(i) {
@@ -139,8 +141,7 @@ impl RetryMetrics {
         if why == GiveUp::Exhausted {
             handles.exhausted.increment(1);
         }
-        handles.budget_remaining.set(budget.0 as f64);
-        handles.ratio.set(budget.1);
+        handles.set_budget(budget);
     }
 
     /// A call ended after `retries` retries.
@@ -148,6 +149,25 @@ impl RetryMetrics {
         self.handles(service)
             .retries_per_call
             .record(f64::from(retries));
+    }
+}
+
+/// The budget as its gauges show it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BudgetView {
+    /// Whole retries of room in the budget.
+    pub(crate) remaining: u64,
+    /// Whole retries of the allowance left.
+    pub(crate) allowance: u64,
+    /// Wasted retries per original request over the window.
+    pub(crate) ratio: f64,
+}
+
+impl RetryHandles {
+    fn set_budget(&self, budget: BudgetView) {
+        self.budget_remaining.set(budget.remaining as f64);
+        self.allowance.set(budget.allowance as f64);
+        self.ratio.set(budget.ratio);
     }
 }
 

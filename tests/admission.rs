@@ -165,3 +165,74 @@ async fn a_burst_into_a_blip_is_retried_whole() {
         assert!(reference >= 44, "seed {seed}: unlimited served {reference}");
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_burst_told_to_wait_waits_and_is_not_refused() {
+    // A rate limiter answers a new client's burst of 20 with 429 and `Retry-After: 1`,
+    // then lets the retries through.
+    let t0 = Instant::now();
+    let upstream = service_fn(move |_req: Request<String>| async move {
+        let response = if t0.elapsed() < Duration::from_secs(1) {
+            Response::builder()
+                .status(429)
+                .header("retry-after", "1")
+                .body(String::new())
+                .expect("response")
+        } else {
+            status(200)
+        };
+        Ok::<_, BoxError>(response)
+    });
+    let policy = defaults(6);
+    let svc = ServiceBuilder::new()
+        .layer(RetryLayer::new(policy.clone()))
+        .service(upstream);
+    let calls: Vec<_> = (0..20)
+        .map(|_| tokio::spawn(svc.clone().oneshot(get())))
+        .collect();
+    for call in calls {
+        let response = tokio::time::timeout(Duration::from_secs(60), call)
+            .await
+            .expect("in time")
+            .expect("no panic")
+            .expect("a response");
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(Attempts::of(&response), 2);
+    }
+    // Every retry waited out the header (and up to 10% more), none was refused.
+    let waited = t0.elapsed();
+    assert!(waited >= Duration::from_secs(1) && waited < Duration::from_millis(1_200));
+    assert_eq!(policy.stats().budget_denied, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn timeouts_are_charged_more_than_fast_failures() {
+    // The same quiet client (two requests a second, 40 requests) against a dependency
+    // that answers every attempt with a fast 503, and one whose every attempt times
+    // out: a timeout may be work the server did for nobody, charged at once.
+    let fast = defaults(7);
+    let calls = Arc::new(AtomicU32::new(0));
+    for _ in 0..40 {
+        call_with(&fast, &calls, |_| 503).await;
+        tokio::time::sleep(500 * MS).await;
+    }
+    let slow = defaults(7);
+    let upstream = service_fn(|_req: Request<String>| async {
+        tokio::time::sleep(MS).await;
+        Err::<Response<String>, BoxError>(Box::new(tower::timeout::error::Elapsed::new()))
+    });
+    let svc = ServiceBuilder::new()
+        .layer(RetryLayer::new(slow.clone()))
+        .service(upstream);
+    for _ in 0..40 {
+        let outcome = svc.clone().oneshot(get()).await;
+        assert!(outcome.is_err());
+        tokio::time::sleep(500 * MS).await;
+    }
+    let (fast, slow) = (fast.stats(), slow.stats());
+    assert!(fast.retries >= 4, "{fast:?}");
+    assert!(
+        slow.retries * 2 <= fast.retries,
+        "{slow:?} against {fast:?}"
+    );
+}

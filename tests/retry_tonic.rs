@@ -1,5 +1,7 @@
 //! RetryLayer in a tonic client stack: a client-streaming call whose body spans several
-//! frames is replayed after UNAVAILABLE, against a tonic server on 127.0.0.1.
+//! frames is replayed after UNAVAILABLE, against a tonic server on 127.0.0.1; unary and
+//! client-streaming calls of a brand-new client with the default budget get all their
+//! attempts.
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -196,4 +198,110 @@ async fn a_call_on_a_channel_whose_connection_failed_is_retried() {
     assert!(outcome.is_err(), "nothing listens there");
     let stats = policy.stats();
     assert_eq!((stats.retries, stats.exhausted), (2, 1), "{stats:?}");
+}
+
+const UNARY_PATH: &str = "/stormguard.test.Upload/One";
+
+/// Serves the unary `Upload/One` on 127.0.0.1:0: the first `failures` calls answer
+/// UNAVAILABLE, the others a summary of the one chunk.
+async fn serve_unary(failures: usize) -> (String, Arc<AtomicUsize>) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let seen = calls.clone();
+    let addr = server::serve(move || {
+        let calls = calls.clone();
+        hyper::service::service_fn(move |req: http::Request<Incoming>| {
+            let calls = calls.clone();
+            async move {
+                let handler = service_fn(move |req: Request<Chunk>| {
+                    let calls = calls.clone();
+                    async move {
+                        if calls.fetch_add(1, Ordering::SeqCst) < failures {
+                            return Err(Status::unavailable("warming up"));
+                        }
+                        let bytes = req.into_inner().data.len() as u64;
+                        Ok::<_, Status>(Response::new(Summary { messages: 1, bytes }))
+                    }
+                });
+                let mut grpc = tonic::server::Grpc::new(ProstCodec::<Summary, Chunk>::default());
+                Ok::<_, Infallible>(grpc.unary(handler, req.map(Body::new)).await)
+            }
+        })
+    })
+    .await;
+    (format!("http://{addr}"), seen)
+}
+
+/// The default policy but for its waits (5 to 50 ms): the default budget, as a brand-new
+/// client has it.
+fn new_client_policy(seed: u64) -> stormguard::RetryPolicy {
+    let backoff = stormguard::Backoff::new(
+        Duration::from_millis(5),
+        Duration::from_millis(50),
+        stormguard::Jitter::Full,
+    )
+    .expect("backoff");
+    stormguard::RetryPolicy::builder()
+        .backoff(backoff)
+        .seed(seed)
+        .build()
+        .expect("policy")
+}
+
+#[tokio::test]
+async fn a_new_clients_unary_call_gets_all_its_attempts() {
+    let (uri, calls) = serve_unary(2).await;
+    let channel = tonic::transport::Endpoint::from_shared(uri)
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connect");
+    let policy = new_client_policy(4);
+    let svc = ServiceBuilder::new()
+        .layer(RetryLayer::new(policy.clone()).replay_bodies())
+        .map_request(|r: http::Request<ReplayBody<Body>>| r.map(Body::new))
+        .service(channel);
+    let mut grpc = tonic::client::Grpc::new(svc);
+    let call = async {
+        grpc.ready()
+            .await
+            .map_err(|e| Status::unknown(e.to_string()))?;
+        grpc.unary(
+            Request::new(Chunk { data: vec![7; 100] }),
+            PathAndQuery::from_static(UNARY_PATH),
+            ProstCodec::<Chunk, Summary>::default(),
+        )
+        .await
+    };
+    let summary = tokio::time::timeout(Duration::from_secs(5), call)
+        .await
+        .expect("in time")
+        .expect("the third attempt succeeds")
+        .into_inner();
+    assert_eq!(summary.bytes, 100);
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+    let stats = policy.stats();
+    assert_eq!((stats.retries, stats.budget_denied), (2, 0), "{stats:?}");
+}
+
+#[tokio::test]
+async fn a_new_clients_client_stream_gets_all_its_attempts() {
+    let (uri, received) = serve(2).await;
+    let channel = tonic::transport::Endpoint::from_shared(uri)
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connect");
+    let policy = new_client_policy(5);
+    let svc = ServiceBuilder::new()
+        .layer(RetryLayer::new(policy.clone()).replay_bodies())
+        .map_request(|r: http::Request<ReplayBody<Body>>| r.map(Body::new))
+        .service(channel);
+    let summary = tokio::time::timeout(Duration::from_secs(5), upload(svc, chunks(4, 100)))
+        .await
+        .expect("in time")
+        .expect("the third attempt succeeds");
+    assert_eq!((summary.messages, summary.bytes), (4, 400));
+    assert_eq!(received.lock().expect("lock").len(), 3);
+    let stats = policy.stats();
+    assert_eq!((stats.retries, stats.budget_denied), (2, 0), "{stats:?}");
 }

@@ -517,6 +517,19 @@ impl RetryPolicy {
         Ok(())
     }
 
+    /// Charges an attempt that may have cost the server work for nobody (a timeout, a
+    /// reset) at once, before its own retry is decided: two wasted retries, whatever
+    /// comes next (`stormguard_core::budget::EXPENSIVE_FAILURE`). So a timeout is
+    /// retried only where the budget has room for its cost too, as the AWS SDKs ask a
+    /// timeout's retry for twice the tokens.
+    fn charge_expensive(&self, expensive: bool) {
+        if expensive {
+            let now = tokio::time::Instant::now().into_std();
+            let charge = stormguard_core::budget::EXPENSIVE_FAILURE;
+            self.shared.budget.charge(now, charge);
+        }
+    }
+
     /// The retries this request has made so far (a transparent retry is not one).
     fn retries(&self) -> u32 {
         self.attempts.saturating_sub(1)
@@ -599,18 +612,22 @@ impl RetryPolicy {
         None
     }
 
-    /// The budget as the metrics show it: whole retries left, retries per request.
+    /// The budget as the metrics show it.
     #[cfg(feature = "metrics")]
-    fn budget_view(&self) -> (u64, f64) {
+    fn budget_view(&self) -> crate::metrics::BudgetView {
         let now = tokio::time::Instant::now().into_std();
         let budget = &self.shared.budget;
-        let (requests, retries) = budget.usage(now);
+        let (requests, wasted) = budget.usage(now);
         let ratio = if requests == 0 {
             0.0
         } else {
-            retries as f64 / requests as f64
+            wasted as f64 / requests as f64
         };
-        (budget.available(now), ratio)
+        crate::metrics::BudgetView {
+            remaining: budget.available(now),
+            allowance: budget.allowance_left(),
+            ratio,
+        }
     }
 
     fn give_up(&self, why: GiveUp, attempts: u32) {
@@ -1053,12 +1070,7 @@ where
             },
         };
         self.count_attempt(class, result.is_ok());
-        if expensive {
-            // Work the server may have done for nobody: charged whatever comes next.
-            let now = tokio::time::Instant::now().into_std();
-            let charge = stormguard_core::budget::EXPENSIVE_FAILURE;
-            self.shared.budget.charge(now, charge);
-        }
+        self.charge_expensive(expensive);
         let attempts = self.attempts;
         let decision = match class {
             Class::Success => return self.finish(result, attempts, None),

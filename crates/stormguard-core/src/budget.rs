@@ -339,8 +339,8 @@ impl RetryBudget {
         })
     }
 
-    /// How many whole retries the budget would admit at `now` for requests that have
-    /// not retried yet: the window's room plus what is left of the allowance.
+    /// The room at `now`, in whole retries: the window's balance plus what is left of
+    /// the allowance. A request's first retry needs more than one, a later one any.
     pub fn available(&self, now: Instant) -> u64 {
         let epoch = self.state.advance(now);
         u64::try_from(self.state.room(epoch) / UNIT).unwrap_or(0)

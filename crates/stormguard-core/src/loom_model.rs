@@ -9,7 +9,8 @@
 //!
 //! Loom runs every test closure under every interleaving of the threads' atomic
 //! operations (up to the preemption bound), checking the invariants the docs promise:
-//! retries granted <= ratio x deposits + floor, with no per-thread slack, and never more
+//! retries granted <= ratio x deposits + floor, with no per-thread slack; a charge is
+//! never lost to the roll-over that carries its bucket out of the window; and never more
 //! probes in flight than `probes`.
 
 use std::sync::Arc;
@@ -124,6 +125,30 @@ fn budget_deposits_racing_withdrawals() {
             .filter(|granted| *granted)
             .count();
         assert!(granted <= 1, "{granted} retries granted for one deposit");
+    });
+}
+
+/// A charge racing a roll-over that moves the window past it: the waste is carried over
+/// as a debt whichever comes first, never lost with the bucket it landed in (ratio 1, no
+/// allowance: one deposit earns one retry, two were wasted).
+#[test]
+fn budget_charge_racing_the_carry_over() {
+    model("budget_charge_racing_the_carry_over", || {
+        let (budget, t0) = budget(1.0);
+        budget.deposit(t0);
+        let roller = {
+            let budget = budget.clone();
+            thread::spawn(move || budget.available(t0 + secs(11)))
+        };
+        budget.charge(t0, 2);
+        roller.join().expect("no panic");
+        // Long after, two requests earn two retries, less the debt of one: room for a
+        // request already retrying, not for a new one.
+        let later = t0 + secs(40);
+        budget.deposit(later);
+        budget.deposit(later);
+        assert!(!budget.admit(later, 0), "the debt was lost");
+        assert!(budget.admit(later, 1));
     });
 }
 

@@ -39,7 +39,7 @@ use stormguard_core::breaker::{Outcome, Permit};
 use stormguard_core::classify::Rules;
 use stormguard_core::{Class, Schedule};
 
-use crate::strategy::{tower_delay, BackoffKind, BreakerMode, ClientState, Strategy};
+use crate::strategy::{tower_delay, BackoffKind, BreakerMode, BudgetKind, ClientState, Strategy};
 
 const NS: u64 = 1_000_000_000;
 /// Latency of a fast error (outage, partial failure, shed).
@@ -496,6 +496,15 @@ impl Fleet {
                 }
             }
         }
+        // Only SRE throttling draws here, so the other rows' draws stay as they were.
+        let throttled = matches!(self.strategy.budget, BudgetKind::Sre { .. });
+        let u: f64 = if throttled { self.rng.random() } else { 1.0 };
+        if throttled && !self.state(client).allows_attempt(t, u) {
+            // Rejected by the client itself (SRE throttling): as an open circuit.
+            self.report.rejected += 1;
+            self.finish(req, false);
+            return;
+        }
         self.requests[req as usize].attempts += 1;
         let s = self.second();
         self.report.attempts += 1;
@@ -597,6 +606,7 @@ impl Fleet {
         let class = match status {
             None => {
                 self.report.timeouts += 1;
+                // Charged before its own retry is decided, as the retry layer does.
                 let (c, t) = (self.requests[req as usize].client, self.now);
                 self.state(c).on_timeout(t);
                 // A per-attempt timeout on an idempotent request: retryable.
@@ -621,7 +631,7 @@ impl Fleet {
             };
             b.record(p, outcome, now);
         }
-        state.on_attempt(success);
+        state.on_attempt(t, success);
         if success {
             let spent = self.requests[req as usize].spent;
             self.state(client).on_success(spent);

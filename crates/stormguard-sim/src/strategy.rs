@@ -22,6 +22,7 @@ pub const ALL: &[&str] = &[
     "tower",
     "a6",
     "bucket",
+    "sre",
     "breaker",
     "breaker-retries",
     "stormguard",
@@ -100,6 +101,17 @@ pub enum BudgetKind {
         /// `tokenRatio`.
         token_ratio: f64,
     },
+    /// Google SRE's client-side adaptive throttling ("Handling Overload", Site
+    /// Reliability Engineering, 2016): every attempt, first tries included, is rejected
+    /// locally with probability `max(0, (requests - k * accepts) / (requests + 1))`,
+    /// over the last `history_secs` of attempts (in ten-second buckets); `accepts` are
+    /// the attempts the dependency served.
+    Sre {
+        /// `K` (2 in the book).
+        k: f64,
+        /// The history, seconds (about two minutes in the book).
+        history_secs: u32,
+    },
     /// The AWS SDK "standard" retry quota (botocore `retries/quota.py` and
     /// `retries/standard.py`; AWS SDKs and Tools reference guide, "Retry behavior"):
     /// a bucket of 500 starts full; a retry costs 5, a retry after a timeout 10, and is
@@ -158,6 +170,7 @@ impl Strategy {
     /// | `tower` | tower `ExponentialBackoff` 200 ms..20 s, jitter 0.99 (tower's default factor) | tower `TpsBudget::default()`: 10 s, 10/s, 20% | - |
     /// | `a6` | full jitter 200 ms..20 s | A6 throttle, maxTokens 10, tokenRatio 0.1 | - |
     /// | `bucket` | full jitter 200 ms..20 s | AWS retry quota 500 / 5 / 10 / 1 | - |
+    /// | `sre` | full jitter 200 ms..20 s | SRE adaptive throttling, K = 2, 120 s, on every attempt | - |
     /// | `breaker` | full jitter 200 ms..20 s | - | core `BreakerConfig::default()` on all calls |
     /// | `breaker-retries` | full jitter 200 ms..20 s | - | core `BreakerConfig::default()` on retries only |
     /// | `stormguard` | core `Backoff::default()` | core `RetryBudget::default()` (waste within 10% over 10 s, allowance 2) | - |
@@ -234,6 +247,15 @@ impl Strategy {
                 BreakerMode::Off,
             ),
             "bucket" => (attempts, full, BudgetKind::AWS_QUOTA, BreakerMode::Off),
+            "sre" => (
+                attempts,
+                full,
+                BudgetKind::Sre {
+                    k: 2.0,
+                    history_secs: 120,
+                },
+                BreakerMode::Off,
+            ),
             "breaker" => (
                 attempts,
                 full,
@@ -325,6 +347,7 @@ pub(crate) enum BudgetState {
     Tps(Box<TpsModel>),
     A6(RetryThrottle),
     Quota(QuotaModel),
+    Sre(Box<SreModel>),
 }
 
 impl ClientState {
@@ -391,6 +414,9 @@ impl ClientState {
                     .build()
                     .map_err(|e| e.to_string())?,
             ),
+            BudgetKind::Sre { k, history_secs } => {
+                BudgetState::Sre(Box::new(SreModel::new(k, history_secs)))
+            }
             BudgetKind::Quota {
                 capacity,
                 retry_cost,
@@ -416,14 +442,22 @@ impl ClientState {
         }
     }
 
-    /// An attempt finished: `success`, or a failure (error or timeout).
-    pub(crate) fn on_attempt(&mut self, success: bool) {
-        if let BudgetState::A6(t) = &self.budget {
-            if success {
-                t.record_success();
-            } else {
-                t.record_failure();
-            }
+    /// An attempt finished at `t`: `success`, or a failure (error or timeout).
+    pub(crate) fn on_attempt(&mut self, t: u64, success: bool) {
+        match &mut self.budget {
+            BudgetState::A6(throttle) if success => throttle.record_success(),
+            BudgetState::A6(throttle) => throttle.record_failure(),
+            BudgetState::Sre(sre) if success => sre.accepted(t),
+            _ => {}
+        }
+    }
+
+    /// Whether an attempt about to go out at `t` is sent: SRE throttling rejects some
+    /// locally (`u` is a uniform draw); everything else sends them all.
+    pub(crate) fn allows_attempt(&mut self, t: u64, u: f64) -> bool {
+        match &mut self.budget {
+            BudgetState::Sre(sre) => sre.allows(t, u),
+            _ => true,
         }
     }
 
@@ -443,9 +477,9 @@ impl ClientState {
         }
     }
 
-    /// An attempt timed out at `t`: work the server may have done for nobody, which
-    /// a core budget is charged at once as two wasted retries (as the retry layer
-    /// charges a timeout or a reset).
+    /// An attempt timed out at `t`: work the server may have done for nobody, which a
+    /// core budget is charged at once as two wasted retries, before the attempt's own
+    /// retry is decided (as the retry layer charges a timeout or a reset).
     pub(crate) fn on_timeout(&mut self, t: u64) {
         let now = self.instant(t);
         if let BudgetState::Core(b) = &self.budget {
@@ -463,6 +497,7 @@ impl ClientState {
             BudgetState::Core(b) => b.admit(now, retries).then_some(0),
             BudgetState::Tps(b) => b.withdraw(t).then_some(0),
             BudgetState::A6(th) => th.allows_retry().then_some(0),
+            BudgetState::Sre(_) => Some(0),
             BudgetState::Quota(q) => {
                 let cost = if timeout {
                     q.timeout_cost
@@ -544,6 +579,62 @@ impl TpsModel {
         } else {
             false
         }
+    }
+}
+
+/// SRE adaptive throttling (see [`BudgetKind::Sre`]): attempts and accepts in ten-second
+/// buckets.
+#[derive(Debug)]
+pub(crate) struct SreModel {
+    k: f64,
+    /// (epoch, attempts, accepts) per bucket.
+    buckets: Vec<(u64, u32, u32)>,
+}
+
+/// The SRE model's bucket width.
+const SRE_BUCKET_NS: u64 = 10_000_000_000;
+
+impl SreModel {
+    fn new(k: f64, history_secs: u32) -> Self {
+        let n = (u64::from(history_secs) * 1_000_000_000)
+            .div_ceil(SRE_BUCKET_NS)
+            .max(1);
+        SreModel {
+            k,
+            buckets: vec![(u64::MAX, 0, 0); n as usize],
+        }
+    }
+
+    fn bucket(&mut self, t: u64) -> &mut (u64, u32, u32) {
+        let epoch = t / SRE_BUCKET_NS;
+        let n = self.buckets.len() as u64;
+        let b = &mut self.buckets[(epoch % n) as usize];
+        if b.0 != epoch {
+            *b = (epoch, 0, 0);
+        }
+        b
+    }
+
+    /// Counts an attempt at `t` and says whether it goes out.
+    fn allows(&mut self, t: u64, u: f64) -> bool {
+        let epoch = t / SRE_BUCKET_NS;
+        let n = self.buckets.len() as u64;
+        let (requests, accepts) = self
+            .buckets
+            .iter()
+            .filter(|b| b.0 != u64::MAX && b.0 + n > epoch)
+            .fold((0.0, 0.0), |(r, a), b| {
+                (r + f64::from(b.1), a + f64::from(b.2))
+            });
+        let reject = ((requests - self.k * accepts) / (requests + 1.0)).max(0.0);
+        let bucket = self.bucket(t);
+        bucket.1 = bucket.1.saturating_add(1);
+        u >= reject
+    }
+
+    fn accepted(&mut self, t: u64) {
+        let bucket = self.bucket(t);
+        bucket.2 = bucket.2.saturating_add(1);
     }
 }
 
