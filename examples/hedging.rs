@@ -240,14 +240,11 @@ async fn run(args: &Args) -> Result<(), BoxError> {
         println!("{}", serde_json::to_string_pretty(&json)?);
     } else {
         print_table(&rows[first..]);
-        // A budget grants `ratio` of the requests plus its floor (one retry) in each
-        // 10 s window the run touches.
-        let secs = args.fail_requests as f64 / args.rate;
-        let windows = (secs / 10.0).ceil();
+        // A budget grants `ratio` of the requests plus its allowance (one retry, once).
         println!(
-            "budget share: 0.1 + 1 x {windows:.0} window(s) / {} requests = {:.3}",
+            "budget share: 0.1 + 1 / {} requests = {:.3}",
             args.fail_requests,
-            0.1 + windows / args.fail_requests as f64
+            0.1 + 1.0 / args.fail_requests as f64
         );
     }
     Ok(())

@@ -207,30 +207,42 @@ async fn a_burst_told_to_wait_waits_and_is_not_refused() {
 
 #[tokio::test(start_paused = true)]
 async fn timeouts_are_charged_more_than_fast_failures() {
-    // The same quiet client (two requests a second, 40 requests) against a dependency
-    // that answers every attempt with a fast 503, and one whose every attempt times
-    // out: a timeout may be work the server did for nobody, charged at once.
-    let fast = defaults(7);
-    let calls = Arc::new(AtomicU32::new(0));
-    for _ in 0..40 {
-        call_with(&fast, &calls, |_| 503).await;
-        tokio::time::sleep(500 * MS).await;
+    // The same client (five requests a second) with ten healthy seconds behind it,
+    // then 50 requests against a dependency that answers every attempt with a fast
+    // 503, or one whose every attempt times out: a timeout may be work the server did
+    // for nobody, charged two wasted retries at once.
+    async fn run(times_out: bool) -> stormguard::RetryStats {
+        let policy = defaults(7);
+        let failing = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = failing.clone();
+        let upstream = service_fn(move |_req: Request<String>| {
+            let failing = flag.load(Ordering::SeqCst);
+            async move {
+                tokio::time::sleep(MS).await;
+                match (failing, times_out) {
+                    (false, _) => Ok(status(200)),
+                    (true, false) => Ok(status(503)),
+                    (true, true) => Err::<Response<String>, BoxError>(Box::new(
+                        tower::timeout::error::Elapsed::new(),
+                    )),
+                }
+            }
+        });
+        let svc = ServiceBuilder::new()
+            .layer(RetryLayer::new(policy.clone()))
+            .service(upstream);
+        for i in 0..100 {
+            failing.store(i >= 50, Ordering::SeqCst);
+            let _ = tokio::time::timeout(Duration::from_secs(60), svc.clone().oneshot(get()))
+                .await
+                .expect("in time");
+            tokio::time::sleep(200 * MS).await;
+        }
+        policy.stats()
     }
-    let slow = defaults(7);
-    let upstream = service_fn(|_req: Request<String>| async {
-        tokio::time::sleep(MS).await;
-        Err::<Response<String>, BoxError>(Box::new(tower::timeout::error::Elapsed::new()))
-    });
-    let svc = ServiceBuilder::new()
-        .layer(RetryLayer::new(slow.clone()))
-        .service(upstream);
-    for _ in 0..40 {
-        let outcome = svc.clone().oneshot(get()).await;
-        assert!(outcome.is_err());
-        tokio::time::sleep(500 * MS).await;
-    }
-    let (fast, slow) = (fast.stats(), slow.stats());
-    assert!(fast.retries >= 4, "{fast:?}");
+    let fast = run(false).await;
+    let slow = run(true).await;
+    assert!(slow.retries > 0, "{slow:?}");
     assert!(
         slow.retries * 2 <= fast.retries,
         "{slow:?} against {fast:?}"

@@ -25,9 +25,10 @@
 //!   as gRFC A6 caps it), each a delay after the previous one.
 //! - **Every hedge is paid from a [`RetryBudget`]**, the retry layer's with
 //!   [`HedgePolicyBuilder::share_retry_budget`]: each hedged request deposits once,
-//!   each hedge withdraws. When the budget is spent (the dependency is failing or slow for many
-//!   requests at once) hedging stops, so hedging can add at most the budget's ratio
-//!   (10%) plus its floor to the load, whatever happens.
+//!   each hedge withdraws (charged when it is sent, whether it wins or not:
+//!   [`RetryBudget::try_withdraw`]). When the budget is spent (the dependency is failing
+//!   or slow for many requests at once) hedging stops, so hedging can add at most the
+//!   budget's ratio (10%) plus its allowance to the load, whatever happens.
 //!
 //! # Who wins
 //!
@@ -215,7 +216,7 @@ struct Shared {
 ///
 /// `HedgePolicy::default()`: 2 attempts (one hedge), the delay the 95th percentile of
 /// successful latencies over 10 s (at least 1 ms, after 50 latencies), a fresh
-/// [`RetryBudget`] (wasted retries within 10% of the requests over 10 s, plus an allowance of 2 spent once), 408/429/500/502/503/504 and gRPC
+/// [`RetryBudget`] (wasted retries within 10% of the requests over 10 s, plus an allowance of 1 carried over), 408/429/500/502/503/504 and gRPC
 /// UNAVAILABLE non-fatal.
 ///
 /// # Clone
@@ -460,7 +461,7 @@ impl HedgePolicyBuilder {
     /// above pays into once per request; the hedge layer then pays in nothing, so that
     /// hedges and retries share one ratio (10% by default) of the original requests.
     /// Use it only with that retry layer above the hedge layer: without it, nothing is
-    /// paid in and hedges get only the budget's floor.
+    /// paid in and hedges get only the budget's allowance.
     pub fn share_retry_budget(mut self, retry: &RetryPolicy) -> Self {
         self.budget = Some(retry.budget().clone());
         self.deposits = false;

@@ -313,7 +313,7 @@ fn plain_success<B>(res: &Response<B>) -> bool {
 /// The retry decisions for HTTP and gRPC requests, as a [`tower::retry::Policy`].
 ///
 /// `RetryPolicy::default()`: 3 attempts, full-jitter backoff from 200 ms to 20 s, a
-/// fresh [`RetryBudget`] (wasted retries within 10% of the requests over 10 s, plus an allowance of 2 spent once), 408/429/500/502/503/504 and gRPC
+/// fresh [`RetryBudget`] (wasted retries within 10% of the requests over 10 s, plus an allowance of 1 carried over), 408/429/500/502/503/504 and gRPC
 /// UNAVAILABLE retried, Retry-After honoured up to 20 s, bodies replayed up to 64 KiB.
 ///
 /// # Clone
@@ -344,10 +344,11 @@ pub struct RetryPolicy {
     attempts: u32,
     /// Whether this request has had its one transparent retry.
     transparent_used: bool,
-    /// This request's retries already settled with the budget: known not to be wasted
-    /// (the request was served) or charged already. The rest are charged as wasted
-    /// when it ends unserved.
-    settled: u32,
+    /// Retries this request was admitted to make (attempts are capped at 100, so
+    /// they fit): charged as wasted if it ends unserved, its caller gone included.
+    admitted: u8,
+    /// Whether its retries are settled with the budget (charged, or known served).
+    settled: bool,
     /// When the caller stops waiting: the request's [`Deadline`] or its `grpc-timeout`
     /// counted from its first send, read from the request at its first failure (a
     /// success never needs it).
@@ -411,7 +412,7 @@ impl Default for RetryPolicy {
 /// mid-retry) was not served: its retries are charged as wasted.
 impl Drop for RetryPolicy {
     fn drop(&mut self) {
-        if self.attempts > 1 {
+        if self.admitted > 0 {
             self.settle(false);
         }
     }
@@ -463,7 +464,8 @@ impl RetryPolicy {
             shared: Arc::clone(&self.shared),
             attempts: 0,
             transparent_used: false,
-            settled: 0,
+            admitted: 0,
+            settled: false,
             deadline: RequestDeadline::SentAt(sent),
             streams: None,
         }
@@ -535,16 +537,17 @@ impl RetryPolicy {
         self.attempts.saturating_sub(1)
     }
 
-    /// Settles this request's retries with the budget at its end: nothing more for a
-    /// request `served`, the rest of them charged as wasted for one that was not.
+    /// Settles this request's retries with the budget at its end, once: nothing for a
+    /// request `served`, every retry it was admitted to make for one that was not (the
+    /// last may still have been in flight when its caller gave up).
     fn settle(&mut self, served: bool) {
-        let unpaid = self.retries().saturating_sub(self.settled);
-        if unpaid > 0 {
-            if !served {
-                let now = tokio::time::Instant::now().into_std();
-                self.shared.budget.charge(now, unpaid);
-            }
-            self.settled += unpaid;
+        if self.settled {
+            return;
+        }
+        self.settled = true;
+        if !served && self.admitted > 0 {
+            let now = tokio::time::Instant::now().into_std();
+            self.shared.budget.charge(now, u32::from(self.admitted));
         }
     }
 
@@ -933,7 +936,8 @@ impl RetryPolicyBuilder {
                 counters: Counters::default(),
             }),
             attempts: 0,
-            settled: 0,
+            admitted: 0,
+            settled: false,
             transparent_used: false,
             deadline: RequestDeadline::Unsent,
             streams: None,
@@ -1114,6 +1118,7 @@ where
         } else {
             headers.insert(X_ATTEMPT_COUNT, HeaderValue::from(attempts + 1));
         }
+        self.admitted = self.admitted.saturating_add(1);
         bump(&self.shared.counters.retries);
         #[cfg(feature = "metrics")]
         {

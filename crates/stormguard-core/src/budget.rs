@@ -8,7 +8,7 @@
 //! served, and only a retry that fails is load of the client's own making. So the budget
 //! counts **waste**: the retries of requests that ended unserved. Over a rolling window
 //! (10 s), wasted retries may not exceed `ratio` (10%) of the client's original requests,
-//! plus a small **allowance** counted in retries (2): savings carried over, which a new
+//! plus a small **allowance** counted in retries (1): savings carried over, which a new
 //! client starts with.
 //!
 //! - A retry is *admitted* ([`admit`](RetryBudget::admit)) while that bound leaves
@@ -22,14 +22,19 @@
 //!   instant (a blip) is retried, and its waste, if any, is paid for by the requests
 //!   after it. What that can overdraw is one request's retries per request then in
 //!   flight.
-//! - The allowance is the savings carried over from past windows: when a bucket leaves
-//!   the window, what its requests earned less what was wasted in it goes into the
-//!   allowance, which stays between nothing and its size (2 retries). A new client
-//!   starts with it full, so its first request gets all its attempts; a healthy
-//!   client keeps it full, so a quiet one rides out an isolated double failure; a
-//!   client in a long outage spends it once, since nothing it earns is left over.
-//!   Over any stretch of time, waste stays within 10% of the requests plus the
-//!   allowance.
+//! - The allowance is the savings carried over from past windows: when buckets leave
+//!   the window, what their requests earned less what was wasted in them goes into the
+//!   allowance. Savings are kept up to its size (1 retry) plus the waste still in the
+//!   window, which they will pay for; a debt (a burst that wasted more than the room)
+//!   is kept whatever its size, and repaid by the requests after it, 10% each. A new
+//!   client starts with the allowance full, so its first request gets all its
+//!   attempts; a healthy client keeps it full, so a quiet one rides out an isolated
+//!   double failure; a client in a long outage spends it once, since nothing it earns
+//!   is left over. Over any stretch of time, waste stays within 10% of the requests
+//!   plus the allowance, plus the retries in flight when the room ran out.
+//! - A timeout or a reset (work the server may have done for nobody) is charged too:
+//!   the retry layer charges [`EXPENSIVE_FAILURE`] wasted retries for each, before its
+//!   own retry is decided.
 //!
 //! When nearly everything is failing, the waste is at the bound and the client degrades
 //! to about one attempt per request, plus 10%.
@@ -47,7 +52,8 @@
 //! buckets and charges (withdrawals) in a ring of eleven, each bucket one `AtomicU64` holding its
 //! epoch (high 32 bits) and a saturating count. A deposit pays for retries until its
 //! bucket leaves the window (between 9/10 of the window and the whole window after it
-//! was made); a withdrawal is charged for at least the whole window.
+//! was made), a charge weighs on the window for at least the whole window; then what
+//! they leave behind is carried into the allowance.
 //!
 //! # Concurrency, and the exact bound
 //!
@@ -69,8 +75,9 @@
 //! whichever thread made it: **there is no per-thread slack**. At every grant, the
 //! retries granted in the eleven buckets ending with it (a window or more), this one
 //! included, are at most `ratio` times the original requests counted in the last ten
-//! buckets (at most a window) plus the floor (`min_retries`); hence over any window that
-//! ends at a grant, retries <= `ratio` x deposits + floor. The only approximation is
+//! buckets (at most a window) plus the floor (`min_retries`) plus the allowance; hence
+//! over any window that ends at a grant, retries <= `ratio` x deposits + floor +
+//! allowance. The only approximation is
 //! time: the budget's clock never runs backwards, so an operation whose `now` is older
 //! than one already seen is counted at the newest epoch. This is checked by a loom model
 //! of the roll-over (`--cfg loom`) and by a contention test with a fast clock.
@@ -108,7 +115,7 @@ const STAMP_MASK: u64 = (1 << STAMP_BITS) - 1;
 /// ended unserved) may not exceed `ratio` of the original requests, plus an
 /// `allowance` of savings carried over; see the [module docs](self).
 ///
-/// Defaults: ratio 0.1, window 10 s, allowance 2, no floor, no pace.
+/// Defaults: ratio 0.1, window 10 s, allowance 1, no floor, no pace.
 ///
 /// # Clone
 ///
@@ -134,12 +141,14 @@ const STAMP_MASK: u64 = (1 << STAMP_BITS) - 1;
 /// assert!(!budget.admit(t0, 0));
 /// assert!(budget.admit(t0, 1));
 /// // Retries that succeed are never charged: a client whose retries help keeps
-/// // retrying whatever its rate.
+/// // retrying, a thousand of them on twenty requests' room.
 /// let later = t0 + Duration::from_secs(11);
 /// for _ in 0..20 {
 ///     budget.deposit(later);
 /// }
-/// assert!((0..1000).all(|_| budget.admit(later, 0)));
+/// for _ in 0..1000 {
+///     assert!(budget.admit(later, 0)); // ...and the retry was served: nothing to charge.
+/// }
 /// # Ok::<(), stormguard_core::ConfigError>(())
 /// ```
 #[derive(Clone)]
@@ -309,8 +318,8 @@ impl RetryBudget {
     }
 
     /// Charges `wasted` retries at `now`: those of a request that ended without being
-    /// served (every retry it made failed, it was refused, or its caller gave up on it),
-    /// or hedges that lost.
+    /// served (every retry it made failed, it was refused, or its caller gave up on
+    /// it), or the cost of a failure the server may have worked on for nobody.
     pub fn charge(&self, now: Instant, wasted: u32) {
         if wasted == 0 {
             return;
@@ -352,8 +361,9 @@ impl RetryBudget {
         u64::try_from(self.state.allowance_units() / UNIT).unwrap_or(0)
     }
 
-    /// The original requests and the retries counted in the window ending at `now`: the
-    /// numbers behind the ratio, for monitoring (retries per original request).
+    /// The original requests and the wasted retries charged in the window ending at
+    /// `now`: the numbers behind the ratio, for monitoring (wasted retries per original
+    /// request, what the budget bounds).
     pub fn usage(&self, now: Instant) -> (u64, u64) {
         let epoch = self.state.advance(now);
         (
@@ -362,7 +372,7 @@ impl RetryBudget {
         )
     }
 
-    /// The fraction of original requests that may be retried.
+    /// Wasted retries allowed per original request.
     pub fn ratio(&self) -> f64 {
         self.state.ratio
     }
@@ -450,16 +460,22 @@ impl State {
             .bucket(current)
             .fetch_or(SEALED, Ordering::AcqRel);
         // What leaves the window carries its savings, or its overdraft, into the
-        // allowance (with no allowance, only an overdraft). A floor is a grant of every
-        // window: with one, what leaves the window is forgotten, as v0.2 had it.
-        if self.reserve_units == 0 {
+        // allowance. Without an allowance (or with a floor, a grant of every window, which
+        // replaces it), what leaves the window is forgotten, as v0.2 had it.
+        let leaving = (self.allowance > 0).then(|| {
             let earned =
                 i128::from(self.deposits.leaving(current, epoch)) * i128::from(self.deposit_units);
             let wasted = i128::from(self.withdrawals.leaving(current, epoch)) * i128::from(UNIT);
-            self.carry_over(earned - wasted);
-        }
+            earned - wasted
+        });
         self.deposits.reset(current, epoch);
         self.withdrawals.reset(current, epoch);
+        // After the reset: a caller reading the window meanwhile sees the leaving
+        // buckets gone and the allowance not yet grown, never both counted.
+        if let Some(leaving) = leaving {
+            let pending = i128::from(self.withdrawals.sum(epoch)) * i128::from(UNIT);
+            self.carry_over(leaving, pending);
+        }
         self.clock.store(epoch, Ordering::Release);
         epoch
     }
@@ -540,11 +556,13 @@ impl State {
     }
 
     /// Carries what the buckets leaving the window saved (or overdrew) into the
-    /// allowance: savings up to its size, and debt whatever its size (a debt left
-    /// behind by the window is not forgiven, or the window's own earnings would pay
-    /// twice). Under `roll`.
-    fn carry_over(&self, units: i128) {
-        let cap = i128::from(self.allowance) * i128::from(UNIT);
+    /// allowance. Savings are kept up to the allowance's size plus the waste still in
+    /// the window (`pending`, units), which they will pay for when it leaves in turn:
+    /// so every wasted retry is paid for once, by the window or by the allowance,
+    /// whichever order earnings and waste leave in. A debt is kept whatever its size:
+    /// it is repaid, not forgiven. Under `roll`.
+    fn carry_over(&self, units: i128, pending: i128) {
+        let cap = i128::from(self.allowance) * i128::from(UNIT) + pending;
         let left = i128::from(self.allowance_units());
         let next = (left + units).clamp(i128::from(i64::MIN), cap);
         let next = i64::try_from(next).unwrap_or(i64::MIN);
@@ -607,17 +625,21 @@ impl Default for RetryBudgetBuilder {
 pub const DEFAULT_PACE: f64 = 0.5;
 
 /// What a failure that may have cost the server work for nobody (a timeout, a reset)
-/// is charged at once, in wasted retries, whether or not it is retried: twice a wasted
-/// retry, as the AWS SDKs' retry quota charges a timeout twice a retry (10 against 5).
+/// is charged at once, in wasted retries, before its own retry is decided and whether
+/// or not it is retried (on top of the request's retries, should it end unserved). Two:
+/// the AWS SDKs' retry quota asks a retry after a timeout for twice the tokens of one
+/// after an error (10 against 5), and a timed-out attempt is, like a wasted retry,
+/// work the server did for nobody.
 pub const EXPENSIVE_FAILURE: u32 = 2;
 
 /// The default [`allowance`](RetryBudgetBuilder::allowance): with a new client's own
-/// first request, enough for that request to use all three of its default attempts.
+/// first request, enough for that request to use all three of its default attempts
+/// through fast failures (a timeout costs [`EXPENSIVE_FAILURE`] first).
 pub const DEFAULT_ALLOWANCE: u32 = 1;
 
 impl RetryBudgetBuilder {
-    /// Retries allowed per original request, from 0 to 1, kept to four decimal places
-    /// [0.1].
+    /// Wasted retries allowed per original request, from 0 to 1, kept to four decimal
+    /// places \[0.1\].
     pub fn ratio(mut self, ratio: f64) -> Self {
         self.ratio = ratio;
         self
@@ -631,13 +653,15 @@ impl RetryBudgetBuilder {
     }
 
     /// The most savings carried over from past windows, in retries
-    /// \[[`DEFAULT_ALLOWANCE`]\]: counted in retries, not per unit of time. When a
-    /// bucket leaves the window, what its requests earned (`ratio` each) less what was
-    /// wasted in it goes into the allowance, which stays between 0 and this. A new
-    /// budget starts with all of it, so a new client's first request gets all its
-    /// attempts; a client in a long outage spends it once and earns nothing back until
-    /// its requests are served again (a fleet of new clients wastes it once each, not
-    /// once a window). 0 turns it off: the window's 10% alone.
+    /// \[[`DEFAULT_ALLOWANCE`]\]: counted in retries, not per unit of time. When
+    /// buckets leave the window, what their requests earned (`ratio` each) less what
+    /// was wasted in them goes into the allowance: savings up to this (plus the waste
+    /// still in the window, which they will pay for), a debt whatever its size (repaid
+    /// by the requests after it). A new budget starts with all of it, so a new client's
+    /// first request gets all its attempts through fast failures; a client in a long
+    /// outage spends it once and earns nothing back until its requests are served again
+    /// (a fleet of new clients wastes it once each, not once a window). 0 turns it off:
+    /// the window's 10% alone, and its debts.
     pub fn allowance(mut self, retries: u32) -> Self {
         self.allowance = retries;
         self
@@ -653,8 +677,9 @@ impl RetryBudgetBuilder {
     }
 
     /// Retries granted in *every* window even with no deposits \[0\]: a clock-keyed
-    /// floor, as v0.2 had by default (1). With a floor, what leaves the window is
-    /// forgotten, savings and overdrafts alike, as in v0.2. Prefer the [`allowance`](Self::allowance),
+    /// floor, as v0.2 had by default (1). A floor replaces the
+    /// [`allowance`](Self::allowance), and what leaves the window is forgotten,
+    /// savings and overdrafts alike, as in v0.2. Prefer the [`allowance`](Self::allowance),
     /// which a fleet of new clients spends once: a floor per window lets a fleet of
     /// many small clients retry at many times its budget through a long outage.
     pub fn min_retries(mut self, retries: u32) -> Self {
@@ -745,8 +770,13 @@ impl RetryBudgetBuilder {
                 ratio: self.ratio,
                 window: self.window,
                 min_retries: min_retries.min(u64::MAX as f64) as u64,
-                allowance: self.allowance,
-                allowance_left: AtomicU64::new(u64::from(self.allowance) * UNIT as u64),
+                // A floor replaces the allowance (it is a grant of every window).
+                allowance: if reserve > 0.0 { 0 } else { self.allowance },
+                allowance_left: AtomicU64::new(if reserve > 0.0 {
+                    0
+                } else {
+                    u64::from(self.allowance) * UNIT as u64
+                }),
                 pace: self.pace,
                 name: self.name.map(String::into_boxed_str),
                 spend: Pace::new(),
@@ -918,7 +948,6 @@ mod tests {
             b.deposit(now);
             assert!(b.admit(now, 0), "request {i}");
         }
-        assert_eq!(b.usage(t0 + Duration::from_secs(999)).1, 0);
     }
 
     #[test]
@@ -980,6 +1009,51 @@ mod tests {
             })
             .expect("repaid at last");
         assert!((90..=115).contains(&repaid), "after {repaid} requests");
+    }
+
+    #[test]
+    fn waste_the_window_paid_for_is_not_charged_again_when_it_leaves() {
+        // One request a second; one retry wasted at 30 s, which the window's ten
+        // requests pay for. When it leaves the window, the allowance is still whole:
+        // the earnings that paid for it were kept for it when they left first.
+        let (b, t0) = fresh();
+        for s in 0..45u64 {
+            let now = t0 + Duration::from_secs(s);
+            b.deposit(now);
+            if s == 30 {
+                b.charge(now, 1);
+            }
+        }
+        let _ = b.available(t0 + Duration::from_secs(45));
+        assert_eq!(b.allowance_left(), u64::from(DEFAULT_ALLOWANCE));
+    }
+
+    #[test]
+    fn healthy_traffic_earns_a_spent_allowance_back() {
+        let (b, t0) = fresh();
+        b.deposit(t0);
+        b.charge(t0, 3);
+        // The waste leaves the window as a debt; ten healthy requests a second repay
+        // it, then refill the allowance.
+        for s in 1..40u64 {
+            for _ in 0..10 {
+                b.deposit(t0 + Duration::from_secs(s));
+            }
+        }
+        let _ = b.available(t0 + Duration::from_secs(40));
+        assert_eq!(b.allowance_left(), u64::from(DEFAULT_ALLOWANCE));
+    }
+
+    #[test]
+    fn a_floor_replaces_the_allowance() {
+        let b = RetryBudget::builder()
+            .min_retries(1)
+            .build()
+            .expect("budget");
+        assert_eq!((b.allowance(), b.allowance_left()), (0, 0));
+        let now = b.state.origin + Duration::from_secs(60);
+        // One retry of room a window, and only that.
+        assert!(b.admit(now, 1) && !b.admit(now, 0));
     }
 
     #[test]

@@ -173,7 +173,7 @@ impl Strategy {
     /// | `sre` | full jitter 200 ms..20 s | SRE adaptive throttling, K = 2, 120 s, on every attempt | - |
     /// | `breaker` | full jitter 200 ms..20 s | - | core `BreakerConfig::default()` on all calls |
     /// | `breaker-retries` | full jitter 200 ms..20 s | - | core `BreakerConfig::default()` on retries only |
-    /// | `stormguard` | core `Backoff::default()` | core `RetryBudget::default()` (waste within 10% over 10 s, allowance 2) | - |
+    /// | `stormguard` | core `Backoff::default()` | core `RetryBudget::default()` (waste within 10% over 10 s, allowance 1) | - |
     /// | `stormguard+breaker` | core `Backoff::default()` | core `RetryBudget::default()` | core `BreakerConfig::default()` on all calls |
     pub fn named(name: &str, attempts: u32) -> Option<Strategy> {
         let full = BackoffKind::Core(Backoff::default());

@@ -193,11 +193,11 @@ fn a_fleet_of_new_clients_spends_its_allowance_once() {
     cfg.timeline.duration = 30.0;
     let r = must(run(&cfg, &strategy("stormguard")));
     let amp = r.amplification(0.0, 30.0);
-    // The allowance (2) and 10% (3 of 30) make 1.17, and each request admitted may
-    // overdraw by less than a retry: 1.205 on this seed, against the 1.2 asked for.
-    assert!(amp <= 1.21, "amplification {amp:.3}");
+    // The allowance (1) and 10% (3 of 30) make 1.13, plus what a request admitted may
+    // overdraw (its last retry).
+    assert!(amp <= 1.2, "amplification {amp:.3}");
     // ...and each did get to retry its first failures.
-    assert!(amp >= 1.1, "amplification {amp:.3}");
+    assert!(amp >= 1.08, "amplification {amp:.3}");
 }
 
 #[test]

@@ -29,7 +29,7 @@
 //! [dependencies.payments.budget]
 //! ratio = 0.1                            # wasted retries per request [0.1]
 //! window = "10s"                         # [10s]
-//! allowance = 2                          # a new client's, spent once [2]
+//! allowance = 1                          # savings carried over [1]
 //! min_retries = 0                        # per window, clock-keyed [0]
 //! pace = false                           # or a number [false]
 //!
