@@ -98,6 +98,18 @@ pub(crate) fn classify_error<E: 'static>(err: &E) -> ErrorClass {
     }
 }
 
+/// The break left of a [`CircuitOpen`](crate::CircuitOpen) in `err`'s source chain.
+pub(crate) fn circuit_open_remaining<E: 'static>(err: &E) -> Option<std::time::Duration> {
+    let mut next = as_std_error(err);
+    while let Some(err) = next {
+        if let Some(open) = err.downcast_ref::<crate::CircuitOpen>() {
+            return Some(open.remaining());
+        }
+        next = err.source();
+    }
+    None
+}
+
 /// `err` as a `std` error, when it is a boxed error or one of the types recognised.
 pub(crate) fn as_std_error<E: 'static>(err: &E) -> Option<&(dyn Error + 'static)> {
     let any = err as &dyn Any;

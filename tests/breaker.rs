@@ -452,6 +452,47 @@ async fn with_retry_outside_an_open_circuit_comes_back_at_once_not_retried() {
     assert_eq!(policy.stats().retries, 2);
 }
 
+#[tokio::test(start_paused = true)]
+async fn with_retry_outside_a_short_break_is_waited_out() {
+    use stormguard::{Attempts, Backoff, Jitter, RetryLayer, RetryPolicy};
+
+    // Two failures in a row open the circuit for 25 ms; the retry waits 10, 20, 40 ms.
+    let breaker = CircuitBreaker::builder()
+        .consecutive_failures(2)
+        .break_duration(25 * MS)
+        .max_break_duration(25 * MS)
+        .jitter(0.0)
+        .seed(1)
+        .build()
+        .expect("breaker");
+    let policy = RetryPolicy::builder()
+        .max_attempts(5)
+        .backoff(Backoff::new(10 * MS, BREAK, Jitter::None).expect("backoff"))
+        .build()
+        .expect("policy");
+    let (mock, mut handle) = mock::pair::<Req, Res>();
+    let client = tower::ServiceBuilder::new()
+        .layer(RetryLayer::new(policy.clone()))
+        .layer(CircuitBreakerLayer::new(breaker.clone()))
+        .service(mock);
+    let started = Instant::now();
+    let call = tokio::spawn(client.oneshot(Request::new(())));
+    for _ in 0..2 {
+        let (_, send) = next_request(&mut handle).await;
+        send.send_response(response(503));
+    }
+    // The third attempt (at 30 ms) meets the open circuit, 5 ms before its break ends,
+    // and waits out the next backoff (40 ms): the fourth is the probe, and succeeds.
+    let (_, send) = next_request(&mut handle).await;
+    assert_eq!(Instant::now() - started, 70 * MS);
+    send.send_response(response(200));
+    let res = call.await.expect("task").expect("served");
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(Attempts::of(&res), 4);
+    assert_eq!(breaker.stats().rejected, 1);
+    assert_eq!(breaker.state(), CircuitState::Closed);
+}
+
 /// A service whose `call` or whose response future panics, for the probe tests.
 #[derive(Clone)]
 struct Panicking {

@@ -166,7 +166,8 @@ pub enum GiveUp {
     /// A gRPC response said not to retry: a negative or unparseable pushback, or one of
     /// the headers [`DontRetry`](GiveUp::DontRetry) names.
     Pushback,
-    /// A circuit breaker is open.
+    /// A circuit breaker is open, for longer than the next backoff would wait (a
+    /// shorter break is waited out).
     CircuitOpen,
     /// The wait would end after the request's [`Deadline`].
     Deadline,
@@ -1040,6 +1041,8 @@ where
         // Whether repeating the request is safe whatever its method: the failure proves
         // the application never saw it, or gRPC declared its code retryable (gRFC A6
         // leaves that judgement to the configured codes).
+        // The wait decided by an open circuit's break, if the failure was one.
+        let mut after_break = None;
         let (class, safe_for_any_method, expensive) = match result {
             Ok(res) if grpc => {
                 let rules = Rules {
@@ -1068,7 +1071,25 @@ where
                 // A timeout or a reset: the server may have done the work for nobody.
                 ErrorClass::MaybeProcessed => (Class::Retryable { after: None }, false, true),
                 ErrorClass::CircuitOpen => {
-                    return self.finish(result, self.attempts + 1, Some(GiveUp::CircuitOpen))
+                    // A break that ends before the backoff would anyway is waited out:
+                    // the circuit admits its probe meanwhile, so the retry adds no
+                    // load, and a blip's requests are not lost to it. A longer break
+                    // fails fast.
+                    let remaining = crate::error_class::circuit_open_remaining(err);
+                    let delay = self.next_backoff(limits.backoff);
+                    match remaining {
+                        Some(remaining) if remaining <= delay => {
+                            after_break = Some(delay);
+                            (Class::Retryable { after: None }, true, false)
+                        }
+                        _ => {
+                            return self.finish(
+                                result,
+                                self.attempts + 1,
+                                Some(GiveUp::CircuitOpen),
+                            )
+                        }
+                    }
                 }
                 ErrorClass::Local | ErrorClass::Unknown => (Class::Permanent, false, false),
             },
@@ -1093,6 +1114,7 @@ where
         self.read_deadline(req);
         let backoff = limits.backoff;
         let delay = match after {
+            _ if after_break.is_some() => after_break.unwrap_or_default(),
             Some(exact) if grpc => {
                 // gRFC A6: after the server's own wait, the backoff starts over.
                 self.streams(backoff).schedule.restart();
