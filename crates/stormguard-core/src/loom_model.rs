@@ -4,7 +4,8 @@
 //!
 //! ```text
 //! LOOM_MAX_PREEMPTIONS=2 RUSTFLAGS="--cfg loom" \
-//!     cargo test -p stormguard-core --lib --release loom_model -- --test-threads=1 --nocapture
+//!     cargo test -p stormguard-core --lib --release --target-dir target/loom loom_model \
+//!     -- --test-threads=1 --nocapture
 //! ```
 //!
 //! Loom runs every test closure under every interleaving of the threads' atomic

@@ -329,12 +329,17 @@ pub fn candidates(attempts: u32) -> Result<Vec<(String, Strategy)>, String> {
     };
     add("budget only (defaults)", None, Some(BreakerMode::Off));
     add(
+        "budget only, v0.2's 1/window + pace",
+        Some(budget(1, Some(0.5))),
+        Some(BreakerMode::Off),
+    );
+    add(
         "budget only, 1/s floor, unpaced (old)",
         Some(budget(10, None)),
         Some(BreakerMode::Off),
     );
     add(
-        "budget only, floor 0, unpaced",
+        "budget only, no allowance",
         Some(budget(0, None)),
         Some(BreakerMode::Off),
     );
