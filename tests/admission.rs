@@ -114,6 +114,30 @@ async fn a_quiet_client_whose_retries_fail_wastes_the_allowance_and_ten_percent(
     );
 }
 
+/// `n` requests sent through `svc` at one instant, and their responses.
+async fn burst<S>(svc: &S, n: usize) -> Vec<Response<String>>
+where
+    S: tower::Service<Request<String>, Response = Response<String>, Error = BoxError>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send,
+{
+    let calls: Vec<_> = (0..n)
+        .map(|_| tokio::spawn(svc.clone().oneshot(get())))
+        .collect();
+    let mut responses = Vec::with_capacity(n);
+    for call in calls {
+        let response = tokio::time::timeout(Duration::from_secs(60), call)
+            .await
+            .expect("in time")
+            .expect("no panic")
+            .expect("a response");
+        responses.push(response);
+    }
+    responses
+}
+
 /// 50 requests of a new client at one instant, into a 100 ms blip of fast 503s: how
 /// many are served, and the policy's stats.
 async fn blip(policy: RetryPolicy) -> (usize, stormguard::RetryStats) {
@@ -126,18 +150,11 @@ async fn blip(policy: RetryPolicy) -> (usize, stormguard::RetryStats) {
     let svc = ServiceBuilder::new()
         .layer(RetryLayer::new(policy.clone()))
         .service(upstream);
-    let calls: Vec<_> = (0..50)
-        .map(|_| tokio::spawn(svc.clone().oneshot(get())))
-        .collect();
-    let mut served = 0;
-    for call in calls {
-        let response = tokio::time::timeout(Duration::from_secs(60), call)
-            .await
-            .expect("in time")
-            .expect("no panic")
-            .expect("a response");
-        served += usize::from(response.status() == StatusCode::OK);
-    }
+    let served = burst(&svc, 50)
+        .await
+        .iter()
+        .filter(|response| response.status() == StatusCode::OK)
+        .count();
     (served, policy.stats())
 }
 
@@ -187,15 +204,7 @@ async fn a_burst_told_to_wait_waits_and_is_not_refused() {
     let svc = ServiceBuilder::new()
         .layer(RetryLayer::new(policy.clone()))
         .service(upstream);
-    let calls: Vec<_> = (0..20)
-        .map(|_| tokio::spawn(svc.clone().oneshot(get())))
-        .collect();
-    for call in calls {
-        let response = tokio::time::timeout(Duration::from_secs(60), call)
-            .await
-            .expect("in time")
-            .expect("no panic")
-            .expect("a response");
+    for response in burst(&svc, 20).await {
         assert_eq!(response.status(), StatusCode::OK);
         assert_eq!(Attempts::of(&response), 2);
     }

@@ -187,6 +187,12 @@ impl Strategy {
                 pace: b.pace(),
             }
         };
+        // 200 ms to 20 s, whatever the core's defaults become.
+        let pinned = |jitter| {
+            Backoff::new(Duration::from_millis(200), Duration::from_secs(20), jitter)
+                .ok()
+                .map(BackoffKind::Core)
+        };
         let (attempts, backoff, budget, breaker) = match name {
             "none" => (1, full, BudgetKind::None, BreakerMode::Off),
             "naive" => (
@@ -197,14 +203,7 @@ impl Strategy {
             ),
             "exponential" => (
                 attempts,
-                BackoffKind::Core(
-                    Backoff::new(
-                        Duration::from_millis(200),
-                        Duration::from_secs(20),
-                        Jitter::None,
-                    )
-                    .ok()?,
-                ),
+                pinned(Jitter::None)?,
                 BudgetKind::None,
                 BreakerMode::Off,
             ),
@@ -212,14 +211,7 @@ impl Strategy {
             // `retries` is its name before v0.3.
             "unlimited" | "retries" => (
                 attempts,
-                BackoffKind::Core(
-                    Backoff::new(
-                        Duration::from_millis(200),
-                        Duration::from_secs(20),
-                        Jitter::Full,
-                    )
-                    .ok()?,
-                ),
+                pinned(Jitter::Full)?,
                 BudgetKind::None,
                 BreakerMode::Off,
             ),
