@@ -100,14 +100,9 @@ pub(crate) fn classify_error<E: 'static>(err: &E) -> ErrorClass {
 
 /// The break left of a [`CircuitOpen`](crate::CircuitOpen) in `err`'s source chain.
 pub(crate) fn circuit_open_remaining<E: 'static>(err: &E) -> Option<std::time::Duration> {
-    let mut next = as_std_error(err);
-    while let Some(err) = next {
-        if let Some(open) = err.downcast_ref::<crate::CircuitOpen>() {
-            return Some(open.remaining());
-        }
-        next = err.source();
-    }
-    None
+    sources(as_std_error(err)?)
+        .find_map(|err| err.downcast_ref::<crate::CircuitOpen>())
+        .map(crate::CircuitOpen::remaining)
 }
 
 /// `err` as a `std` error, when it is a boxed error or one of the types recognised.

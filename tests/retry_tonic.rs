@@ -80,6 +80,31 @@ async fn serve(failures: usize) -> (String, Arc<Mutex<Vec<Summary>>>) {
     (format!("http://{addr}"), received)
 }
 
+/// A channel connected to `uri`.
+async fn connect(uri: String) -> tonic::transport::Channel {
+    tonic::transport::Endpoint::from_shared(uri)
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connect")
+}
+
+/// `policy`'s retry layer right on `channel`, replaying the call's body.
+fn stack(
+    channel: tonic::transport::Channel,
+    policy: &stormguard::RetryPolicy,
+) -> impl Service<
+    http::Request<Body>,
+    Response = http::Response<Body>,
+    Error = tonic::transport::Error,
+    Future: Send,
+> + Clone {
+    ServiceBuilder::new()
+        .layer(RetryLayer::new(policy.clone()).replay_bodies())
+        .map_request(|r: http::Request<ReplayBody<Body>>| r.map(Body::new))
+        .service(channel)
+}
+
 fn chunks(n: usize, size: usize) -> Vec<Chunk> {
     (0..n)
         .map(|i| Chunk {
@@ -113,16 +138,9 @@ where
 #[tokio::test]
 async fn a_client_stream_is_replayed_after_unavailable() {
     let (uri, received) = serve(2).await;
-    let channel = tonic::transport::Endpoint::from_shared(uri)
-        .expect("uri")
-        .connect()
-        .await
-        .expect("connect");
+    let channel = connect(uri).await;
     let policy = fast_policy(3).build().expect("policy");
-    let svc = ServiceBuilder::new()
-        .layer(RetryLayer::new(policy.clone()).replay_bodies())
-        .map_request(|r: http::Request<ReplayBody<Body>>| r.map(Body::new))
-        .service(channel);
+    let svc = stack(channel, &policy);
 
     let summary = tokio::time::timeout(Duration::from_secs(5), upload(svc, chunks(8, 1000)))
         .await
@@ -143,19 +161,12 @@ async fn a_client_stream_is_replayed_after_unavailable() {
 #[tokio::test]
 async fn a_stream_over_the_cap_is_sent_once_and_the_status_returned() {
     let (uri, received) = serve(1).await;
-    let channel = tonic::transport::Endpoint::from_shared(uri)
-        .expect("uri")
-        .connect()
-        .await
-        .expect("connect");
+    let channel = connect(uri).await;
     let policy = fast_policy(3)
         .max_replay_bytes(2048)
         .build()
         .expect("policy");
-    let mut svc = ServiceBuilder::new()
-        .layer(RetryLayer::new(policy.clone()).replay_bodies())
-        .map_request(|r: http::Request<ReplayBody<Body>>| r.map(Body::new))
-        .service(channel);
+    let mut svc = stack(channel, &policy);
     std::future::poll_fn(|cx| svc.poll_ready(cx))
         .await
         .expect("ready");
@@ -188,10 +199,7 @@ async fn a_call_on_a_channel_whose_connection_failed_is_retried() {
         .expect("uri")
         .connect_lazy();
     let policy = fast_policy(5).max_attempts(3).build().expect("policy");
-    let svc = ServiceBuilder::new()
-        .layer(RetryLayer::new(policy.clone()).replay_bodies())
-        .map_request(|r: http::Request<ReplayBody<Body>>| r.map(Body::new))
-        .service(channel);
+    let svc = stack(channel, &policy);
     let outcome = tokio::time::timeout(Duration::from_secs(5), upload(svc, chunks(1, 10)))
         .await
         .expect("in time");
@@ -250,16 +258,9 @@ fn new_client_policy(seed: u64) -> stormguard::RetryPolicy {
 #[tokio::test]
 async fn a_new_clients_unary_call_gets_all_its_attempts() {
     let (uri, calls) = serve_unary(2).await;
-    let channel = tonic::transport::Endpoint::from_shared(uri)
-        .expect("uri")
-        .connect()
-        .await
-        .expect("connect");
+    let channel = connect(uri).await;
     let policy = new_client_policy(4);
-    let svc = ServiceBuilder::new()
-        .layer(RetryLayer::new(policy.clone()).replay_bodies())
-        .map_request(|r: http::Request<ReplayBody<Body>>| r.map(Body::new))
-        .service(channel);
+    let svc = stack(channel, &policy);
     let mut grpc = tonic::client::Grpc::new(svc);
     let call = async {
         grpc.ready()
@@ -286,16 +287,9 @@ async fn a_new_clients_unary_call_gets_all_its_attempts() {
 #[tokio::test]
 async fn a_new_clients_client_stream_gets_all_its_attempts() {
     let (uri, received) = serve(2).await;
-    let channel = tonic::transport::Endpoint::from_shared(uri)
-        .expect("uri")
-        .connect()
-        .await
-        .expect("connect");
+    let channel = connect(uri).await;
     let policy = new_client_policy(5);
-    let svc = ServiceBuilder::new()
-        .layer(RetryLayer::new(policy.clone()).replay_bodies())
-        .map_request(|r: http::Request<ReplayBody<Body>>| r.map(Body::new))
-        .service(channel);
+    let svc = stack(channel, &policy);
     let summary = tokio::time::timeout(Duration::from_secs(5), upload(svc, chunks(4, 100)))
         .await
         .expect("in time")

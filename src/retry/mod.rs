@@ -345,11 +345,10 @@ pub struct RetryPolicy {
     attempts: u32,
     /// Whether this request has had its one transparent retry.
     transparent_used: bool,
-    /// Retries this request was admitted to make (attempts are capped at 100, so
-    /// they fit): charged as wasted if it ends unserved, its caller gone included.
+    /// Retries this request was admitted to make and not yet settled with the budget
+    /// (attempts are capped at 100, so they fit): charged as wasted if it ends
+    /// unserved, its caller gone included.
     admitted: u8,
-    /// Whether its retries are settled with the budget (charged, or known served).
-    settled: bool,
     /// When the caller stops waiting: the request's [`Deadline`] or its `grpc-timeout`
     /// counted from its first send, read from the request at its first failure (a
     /// success never needs it).
@@ -466,7 +465,6 @@ impl RetryPolicy {
             attempts: 0,
             transparent_used: false,
             admitted: 0,
-            settled: false,
             deadline: RequestDeadline::SentAt(sent),
             streams: None,
         }
@@ -514,7 +512,7 @@ impl RetryPolicy {
                 return Err(GiveUp::Budget);
             }
         }
-        if !self.shared.budget.admit(now, self.retries()) {
+        if !self.shared.budget.admit(now, u32::from(self.admitted)) {
             return Err(GiveUp::Budget);
         }
         Ok(())
@@ -533,22 +531,14 @@ impl RetryPolicy {
         }
     }
 
-    /// The retries this request has made so far (a transparent retry is not one).
-    fn retries(&self) -> u32 {
-        self.attempts.saturating_sub(1)
-    }
-
     /// Settles this request's retries with the budget at its end, once: nothing for a
     /// request `served`, every retry it was admitted to make for one that was not (the
     /// last may still have been in flight when its caller gave up).
     fn settle(&mut self, served: bool) {
-        if self.settled {
-            return;
-        }
-        self.settled = true;
-        if !served && self.admitted > 0 {
+        let admitted = std::mem::take(&mut self.admitted);
+        if !served && admitted > 0 {
             let now = tokio::time::Instant::now().into_std();
-            self.shared.budget.charge(now, u32::from(self.admitted));
+            self.shared.budget.charge(now, u32::from(admitted));
         }
     }
 
@@ -938,7 +928,6 @@ impl RetryPolicyBuilder {
             }),
             attempts: 0,
             admitted: 0,
-            settled: false,
             transparent_used: false,
             deadline: RequestDeadline::Unsent,
             streams: None,
@@ -1113,18 +1102,18 @@ where
         // Read once a retry is in view, before any header of the request is rewritten.
         self.read_deadline(req);
         let backoff = limits.backoff;
-        let delay = match after {
-            _ if after_break.is_some() => after_break.unwrap_or_default(),
-            Some(exact) if grpc => {
+        let delay = match (after_break, after) {
+            (Some(wait), _) => wait,
+            (None, Some(exact)) if grpc => {
                 // gRFC A6: after the server's own wait, the backoff starts over.
                 self.streams(backoff).schedule.restart();
                 exact
             }
-            Some(hint) => {
+            (None, Some(hint)) => {
                 let delay = self.next_backoff(backoff);
                 delay.max(self.stretch(backoff, hint))
             }
-            None => self.next_backoff(backoff),
+            (None, None) => self.next_backoff(backoff),
         };
         let now = tokio::time::Instant::now().into_std();
         if let Err(why) = self.may_wait(now, delay) {
