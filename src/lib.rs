@@ -7,6 +7,7 @@ pub mod breaker;
 #[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
 pub mod config;
 mod error_class;
+mod give_up;
 pub mod hedge;
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]

@@ -30,7 +30,7 @@ use std::sync::OnceLock;
 use metrics::{Counter, Gauge, Histogram};
 use stormguard_core::CircuitState;
 
-use crate::retry::GiveUp;
+use crate::give_up::GiveUp;
 
 /// The reasons in label order; `GiveUp::index` maps into it.
 const REASONS: [GiveUp; 10] = [

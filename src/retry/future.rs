@@ -15,7 +15,8 @@ use tower_service::Service;
 use super::service::Core;
 use stormguard_core::Class;
 
-use super::{plain_success, RetryPolicy, Wait};
+use super::shared::plain_success;
+use super::{RetryPolicy, Wait};
 
 pin_project! {
     /// The response of a call through [`Retry`](super::Retry): the first attempt, then

@@ -58,7 +58,7 @@ use stormguard_core::classify::{grpc_status, GRPC_PREVIOUS_RPC_ATTEMPTS, GRPC_RE
 pub use stormguard_core::classify::{X_ATTEMPT_COUNT, X_NO_RETRY};
 use tower_service::Service;
 
-use crate::retry::GiveUp;
+use crate::give_up::GiveUp;
 
 pub mod future;
 mod layer;

@@ -1,0 +1,601 @@
+//! The per-request retry decision, and tower's `Policy` over it.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use http::{HeaderValue, Request, Response};
+use rand::rngs::SmallRng;
+use rand::{RngExt, SeedableRng};
+use stormguard_core::classify::{GrpcCodeSet, Rules, GRPC_PREVIOUS_RPC_ATTEMPTS, X_ATTEMPT_COUNT};
+use stormguard_core::deadline::{grpc_timeout_value, Deadline};
+use stormguard_core::methods::MAX_ATTEMPTS as GRPC_MAX_ATTEMPTS;
+use stormguard_core::{Backoff, Class, RetryBudget, Schedule};
+
+use crate::error_class::{classify_error, ErrorClass};
+use crate::give_up::GiveUp;
+
+use super::builder::RetryPolicyBuilder;
+use super::request::{body_replayable, deadline_of, is_grpc, safe_to_repeat};
+use super::shared::{bump, plain_success, RetryStats, Shared};
+use super::wait::Wait;
+use super::{Attempts, GRPC_TIMEOUT, GRPC_TRANSPARENT_RETRY_ATTEMPTS};
+
+/// The retry decisions for HTTP and gRPC requests, as a [`tower::retry::Policy`].
+///
+/// `RetryPolicy::default()`: 3 attempts, full-jitter backoff from 200 ms to 20 s, a
+/// fresh [`RetryBudget`] (wasted retries within 10% of the requests over 10 s, plus an allowance of 1 carried over), 408/429/500/502/503/504 and gRPC
+/// UNAVAILABLE retried, Retry-After honoured up to 20 s, bodies replayed up to 64 KiB.
+///
+/// # Clone
+///
+/// Clones share the configuration, the budget and the counters (an `Arc`); each
+/// request's attempt count and random stream are its own. tower's own `Retry` clones
+/// the policy for every request; stormguard's [`Retry`] makes a request its copy only
+/// when its first attempt is not a plain success.
+///
+/// ```
+/// use std::time::Duration;
+/// use stormguard::{Backoff, Jitter, RetryBudget, RetryPolicy};
+///
+/// let budget = RetryBudget::builder().ratio(0.1).window(Duration::from_secs(10)).build()?;
+/// let policy = RetryPolicy::builder()
+///     .max_attempts(3)
+///     .backoff(Backoff::new(Duration::from_millis(200), Duration::from_secs(20), Jitter::Full)?)
+///     .budget(budget.clone())
+///     .build()?;
+/// assert_eq!(policy.stats().requests, 0);
+/// # Ok::<(), stormguard::ConfigError>(())
+/// ```
+#[derive(Clone)]
+pub struct RetryPolicy {
+    pub(super) shared: Arc<Shared>,
+    /// Attempts made for this request so far (0 on the layer's own copy); a transparent
+    /// retry is not one.
+    pub(super) attempts: u32,
+    /// Whether this request has had its one transparent retry.
+    pub(super) transparent_used: bool,
+    /// Retries this request was admitted to make and not yet settled with the budget
+    /// (attempts are capped at 100, so they fit): charged as wasted if it ends
+    /// unserved, its caller gone included.
+    pub(super) admitted: u8,
+    /// When the caller stops waiting: the request's [`Deadline`] or its `grpc-timeout`
+    /// counted from its first send, read from the request at its first failure (a
+    /// success never needs it).
+    pub(super) deadline: RequestDeadline,
+    /// The request's random streams, made at its first retry. Boxed so that the policy,
+    /// which tower moves around with every request, stays small (six words) on the
+    /// success path.
+    pub(super) streams: Option<Box<Streams>>,
+}
+
+/// What bounds one request's retries: the policy's settings, or its gRPC method's.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Limits {
+    pub(super) max_attempts: u32,
+    pub(super) backoff: Backoff,
+    pub(super) retryable_grpc_codes: GrpcCodeSet,
+}
+
+/// Where a request's deadline stands: tower keeps the request as first sent until its
+/// first outcome, so the deadline is read then, from that copy and the instant of the
+/// first send, to the same value it would have had at the send.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum RequestDeadline {
+    /// Not sent yet (the layer's own copy of the policy).
+    Unsent,
+    /// First sent at this instant; not read yet.
+    SentAt(Instant),
+    /// Read at the first failure: the [`Deadline`], if the request has one.
+    Read(Option<Deadline>),
+}
+
+/// One request's random draws: its backoff schedule and the jitter on server hints.
+#[derive(Debug, Clone)]
+pub(super) struct Streams {
+    schedule: Schedule,
+    rng: SmallRng,
+}
+
+impl fmt::Debug for RetryPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RetryPolicy")
+            .field("name", &self.shared.name)
+            .field("max_attempts", &self.shared.max_attempts)
+            .field("backoff", &self.shared.backoff)
+            .field("budget", &self.shared.budget)
+            .field("rules", &self.shared.rules)
+            .field("max_retry_after", &self.shared.max_retry_after)
+            .field("max_replay_bytes", &self.shared.max_replay_bytes)
+            .field("attempts", &self.attempts)
+            .finish()
+    }
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicyBuilder::default().make()
+    }
+}
+
+/// A request dropped before its end (its caller stopped waiting, mid-backoff or
+/// mid-retry) was not served: its retries are charged as wasted.
+impl Drop for RetryPolicy {
+    fn drop(&mut self) {
+        if self.admitted > 0 {
+            self.settle(false);
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// A builder starting from the defaults.
+    pub fn builder() -> RetryPolicyBuilder {
+        RetryPolicyBuilder::default()
+    }
+
+    /// What this policy and all its clones have done so far.
+    pub fn stats(&self) -> RetryStats {
+        let c = &self.shared.counters;
+        let load = |n: &AtomicU64| n.load(Ordering::Relaxed);
+        RetryStats {
+            requests: load(&c.requests),
+            retries: load(&c.retries),
+            exhausted: load(&c.exhausted),
+            budget_denied: load(&c.budget_denied),
+            permanent: load(&c.permanent),
+            not_replayable: load(&c.not_replayable),
+            not_idempotent: load(&c.not_idempotent),
+            server_refused: load(&c.server_refused),
+            deadline: load(&c.deadline),
+            transparent_retries: load(&c.transparent_retries),
+        }
+    }
+
+    /// The dependency's name (the metrics' `service` label).
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// The budget retries are drawn from.
+    pub fn budget(&self) -> &RetryBudget {
+        &self.shared.budget
+    }
+
+    /// The most bytes of a streaming body kept for replay.
+    pub fn max_replay_bytes(&self) -> usize {
+        self.shared.max_replay_bytes
+    }
+
+    /// This policy's copy for a request first sent at `sent`, as
+    /// [`clone_request`](tower::retry::Policy::clone_request) leaves it.
+    pub(super) fn sent_at(&self, sent: Instant) -> RetryPolicy {
+        RetryPolicy {
+            shared: Arc::clone(&self.shared),
+            attempts: 0,
+            transparent_used: false,
+            admitted: 0,
+            deadline: RequestDeadline::SentAt(sent),
+            streams: None,
+        }
+    }
+
+    /// The checks after a retryable outcome, in order; `Ok` holds the server's hint.
+    fn may_retry<B>(
+        &self,
+        req: &Request<B>,
+        grpc: bool,
+        safe_for_any_method: bool,
+        after: Option<Duration>,
+        max_attempts: u32,
+    ) -> Result<Option<Duration>, GiveUp> {
+        let shared = &*self.shared;
+        if !(safe_for_any_method || safe_to_repeat(req)) {
+            return Err(GiveUp::NotIdempotent);
+        }
+        let max = if grpc {
+            max_attempts.min(GRPC_MAX_ATTEMPTS)
+        } else {
+            max_attempts
+        };
+        if self.attempts >= max || crate::signals::outbound_call_once() {
+            return Err(GiveUp::Exhausted);
+        }
+        if !body_replayable(req) {
+            return Err(GiveUp::BodyNotReplayable);
+        }
+        if after.is_some_and(|after| after > shared.max_retry_after) {
+            return Err(GiveUp::RetryAfterTooLong);
+        }
+        Ok(after)
+    }
+
+    /// The last checks, once the wait is known: the deadline, then the budget (so a
+    /// retry that could never finish asks for nothing), which admits the retry on the
+    /// waste so far.
+    fn may_wait(&self, now: Instant, delay: Duration) -> Result<(), GiveUp> {
+        if self.deadline().is_some_and(|d| !d.allows(now, delay)) {
+            return Err(GiveUp::Deadline);
+        }
+        if let Some(throttle) = &self.shared.throttle {
+            if !throttle.allows_retry() {
+                return Err(GiveUp::Budget);
+            }
+        }
+        if !self.shared.budget.admit(now, u32::from(self.admitted)) {
+            return Err(GiveUp::Budget);
+        }
+        Ok(())
+    }
+
+    /// Charges an attempt that may have cost the server work for nobody (a timeout, a
+    /// reset) at once, before its own retry is decided: two wasted retries, whatever
+    /// comes next (`stormguard_core::budget::EXPENSIVE_FAILURE`). So a timeout is
+    /// retried only where the budget has room for its cost too, as the AWS SDKs ask a
+    /// timeout's retry for twice the tokens.
+    fn charge_expensive(&self, expensive: bool) {
+        if expensive {
+            let now = tokio::time::Instant::now().into_std();
+            let charge = stormguard_core::budget::EXPENSIVE_FAILURE;
+            self.shared.budget.charge(now, charge);
+        }
+    }
+
+    /// Settles this request's retries with the budget at its end, once: nothing for a
+    /// request `served`, every retry it was admitted to make for one that was not (the
+    /// last may still have been in flight when its caller gave up).
+    fn settle(&mut self, served: bool) {
+        let admitted = std::mem::take(&mut self.admitted);
+        if !served && admitted > 0 {
+            let now = tokio::time::Instant::now().into_std();
+            self.shared.budget.charge(now, u32::from(admitted));
+        }
+    }
+
+    /// The one free retry of a request its server refused before its application saw
+    /// it: at once, no attempt spent, nothing withdrawn from the budget.
+    fn retry_transparently<B>(&mut self, req: &mut Request<B>, grpc: bool) -> Option<Wait> {
+        if !body_replayable(req) {
+            self.give_up(GiveUp::BodyNotReplayable, self.attempts + 1);
+            return None;
+        }
+        let now = tokio::time::Instant::now().into_std();
+        if self
+            .deadline()
+            .is_some_and(|d| !d.allows(now, Duration::ZERO))
+        {
+            self.give_up(GiveUp::Deadline, self.attempts + 1);
+            return None;
+        }
+        self.transparent_used = true;
+        if grpc {
+            let headers = req.headers_mut();
+            headers.insert(GRPC_TRANSPARENT_RETRY_ATTEMPTS, HeaderValue::from(1u32));
+            if let Some(deadline) = self.deadline() {
+                headers.insert(GRPC_TIMEOUT, grpc_timeout_value(deadline.remaining(now)));
+            }
+        }
+        bump(&self.shared.counters.transparent_retries);
+        #[cfg(feature = "metrics")]
+        self.shared.metrics.transparent(&self.shared.name);
+        tracing::debug!(
+            target: "stormguard::retry",
+            attempt = self.attempts + 1,
+            delay_ms = 0u64,
+            reason = "transparent",
+            "retrying"
+        );
+        Some(Wait::now())
+    }
+
+    /// Counts an attempt whose outcome was classified `class` (`answered`: the server
+    /// answered, with a response rather than a transport error).
+    fn count_attempt(&mut self, class: Class, answered: bool) {
+        self.attempts += 1;
+        self.shared.record_outcome(class, answered);
+    }
+
+    /// Hands the outcome back: settles the budget, records why (if it is a give-up)
+    /// and the attempt count.
+    fn finish<Res, E>(
+        &mut self,
+        result: &mut Result<Response<Res>, E>,
+        attempts: u32,
+        why: Option<GiveUp>,
+    ) -> Option<Wait> {
+        if attempts > 1 {
+            if let Ok(res) = result {
+                res.extensions_mut().insert(Attempts(attempts));
+            }
+        }
+        self.settle(why.is_none());
+        if let Some(why) = why {
+            self.give_up(why, attempts);
+        }
+        self.shared.call_ended(attempts);
+        None
+    }
+
+    /// The budget as the metrics show it.
+    #[cfg(feature = "metrics")]
+    fn budget_view(&self) -> crate::metrics::BudgetView {
+        let now = tokio::time::Instant::now().into_std();
+        let budget = &self.shared.budget;
+        let (requests, wasted) = budget.usage(now);
+        let ratio = if requests == 0 {
+            0.0
+        } else {
+            wasted as f64 / requests as f64
+        };
+        crate::metrics::BudgetView {
+            remaining: budget.available(now),
+            allowance: budget.allowance_left(),
+            ratio,
+        }
+    }
+
+    fn give_up(&self, why: GiveUp, attempts: u32) {
+        #[cfg(feature = "metrics")]
+        self.shared
+            .metrics
+            .give_up(&self.shared.name, why, self.budget_view());
+        let c = &self.shared.counters;
+        match why {
+            GiveUp::Exhausted => bump(&c.exhausted),
+            GiveUp::Permanent => bump(&c.permanent),
+            GiveUp::Budget => bump(&c.budget_denied),
+            GiveUp::NotIdempotent => bump(&c.not_idempotent),
+            GiveUp::BodyNotReplayable => bump(&c.not_replayable),
+            GiveUp::RetryAfterTooLong | GiveUp::Pushback | GiveUp::DontRetry => {
+                bump(&c.server_refused)
+            }
+            GiveUp::Deadline => bump(&c.deadline),
+            GiveUp::CircuitOpen => {}
+        }
+        crate::signals::record_give_up(why);
+        match why {
+            GiveUp::Permanent => {
+                tracing::debug!(target: "stormguard::retry", attempts, reason = why.as_str(), "giving up")
+            }
+            _ => {
+                tracing::info!(target: "stormguard::retry", attempts, reason = why.as_str(), "giving up")
+            }
+        }
+    }
+
+    /// The limits for `req`: its gRPC method's when the policy has per-method settings
+    /// (no retries for a method the service config does not name, as gRFC A6), else
+    /// the policy's own.
+    fn limits<B>(&self, req: &Request<B>, grpc: bool) -> Limits {
+        let shared = &*self.shared;
+        let own = Limits {
+            max_attempts: shared.max_attempts,
+            backoff: shared.backoff,
+            retryable_grpc_codes: shared.rules.retryable_grpc_codes,
+        };
+        match &shared.methods {
+            Some(methods) if grpc => match methods.lookup(req.uri().path()) {
+                Some(Some(limits)) => *limits,
+                // No retry policy: no code is retryable, so a failure neither retries
+                // nor counts against A6's throttle (as grpc-go counts only retryable
+                // codes).
+                _ => Limits {
+                    max_attempts: 1,
+                    retryable_grpc_codes: GrpcCodeSet::new(),
+                    ..own
+                },
+            },
+            _ => own,
+        }
+    }
+
+    fn streams(&mut self, backoff: Backoff) -> &mut Streams {
+        let shared = &self.shared;
+        self.streams.get_or_insert_with(|| {
+            Box::new(match shared.seed {
+                Some(seed) => {
+                    let stream = shared.next_stream.fetch_add(1, Ordering::Relaxed);
+                    let seed = seed ^ stream.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                    Streams {
+                        schedule: backoff.schedule_seeded(seed),
+                        rng: SmallRng::seed_from_u64(!seed),
+                    }
+                }
+                None => Streams {
+                    schedule: backoff.schedule(),
+                    rng: SmallRng::from_rng(&mut rand::rng()),
+                },
+            })
+        })
+    }
+
+    fn next_backoff(&mut self, backoff: Backoff) -> Duration {
+        self.streams(backoff)
+            .schedule
+            .next()
+            .unwrap_or(backoff.cap())
+    }
+
+    /// Reads the request's deadline, once, from the request as first sent: call it at
+    /// the first outcome that is not a success, before the request is changed for a
+    /// retry.
+    fn read_deadline<B>(&mut self, req: &Request<B>) {
+        if let RequestDeadline::SentAt(sent) = self.deadline {
+            self.deadline = RequestDeadline::Read(deadline_of(req, sent));
+        }
+    }
+
+    /// The request's deadline, once [`read_deadline`](Self::read_deadline) has run.
+    fn deadline(&self) -> Option<Deadline> {
+        match self.deadline {
+            RequestDeadline::Read(deadline) => deadline,
+            RequestDeadline::Unsent | RequestDeadline::SentAt(_) => None,
+        }
+    }
+
+    /// Up to 10% more than the server asked for, never less.
+    fn stretch(&mut self, backoff: Backoff, hint: Duration) -> Duration {
+        let spread = u64::try_from((hint / 10).as_nanos()).unwrap_or(u64::MAX);
+        if spread == 0 {
+            return hint;
+        }
+        let extra = self.streams(backoff).rng.random_range(0..spread);
+        hint.saturating_add(Duration::from_nanos(extra))
+    }
+}
+
+impl<B, ResB, E> tower::retry::Policy<Request<B>, Response<ResB>, E> for RetryPolicy
+where
+    B: Clone,
+    E: 'static,
+{
+    type Future = Wait;
+
+    fn retry(
+        &mut self,
+        req: &mut Request<B>,
+        result: &mut Result<Response<ResB>, E>,
+    ) -> Option<Wait> {
+        if result.as_ref().is_ok_and(plain_success) {
+            // Nothing else about the request or the response matters.
+            self.count_attempt(Class::Success, true);
+            return self.finish(result, self.attempts, None);
+        }
+        let grpc = is_grpc(req);
+        // The policy's attempts, backoff and codes, or the gRPC method's own.
+        let limits = self.limits(req, grpc);
+        // Whether repeating the request is safe whatever its method: the failure proves
+        // the application never saw it, or gRPC declared its code retryable (gRFC A6
+        // leaves that judgement to the configured codes).
+        // The wait decided by an open circuit's break, if the failure was one.
+        let mut after_break = None;
+        let (class, safe_for_any_method, expensive) = match result {
+            Ok(res) if grpc => {
+                let rules = Rules {
+                    retryable_grpc_codes: limits.retryable_grpc_codes,
+                    ..self.shared.rules
+                };
+                (
+                    rules.classify_grpc_response(res.status(), res.headers()),
+                    true,
+                    false,
+                )
+            }
+            Ok(res) => {
+                let rules = &self.shared.rules;
+                let class = rules.classify_with(res.status(), res.headers(), SystemTime::now);
+                (class, false, false)
+            }
+            Err(err) => match classify_error(err) {
+                ErrorClass::Unprocessed if !self.transparent_used => {
+                    self.read_deadline(req);
+                    return self.retry_transparently(req, grpc);
+                }
+                ErrorClass::Unprocessed | ErrorClass::NotSent => {
+                    (Class::Retryable { after: None }, true, false)
+                }
+                // A timeout or a reset: the server may have done the work for nobody.
+                ErrorClass::MaybeProcessed => (Class::Retryable { after: None }, false, true),
+                ErrorClass::CircuitOpen => {
+                    // A break that ends before the backoff would anyway is waited out:
+                    // the circuit admits its probe meanwhile, so the retry adds no
+                    // load, and a blip's requests are not lost to it. A longer break
+                    // fails fast.
+                    let remaining = crate::error_class::circuit_open_remaining(err);
+                    let delay = self.next_backoff(limits.backoff);
+                    match remaining {
+                        Some(remaining) if remaining <= delay => {
+                            after_break = Some(delay);
+                            (Class::Retryable { after: None }, true, false)
+                        }
+                        _ => {
+                            return self.finish(
+                                result,
+                                self.attempts + 1,
+                                Some(GiveUp::CircuitOpen),
+                            )
+                        }
+                    }
+                }
+                ErrorClass::Local | ErrorClass::Unknown => (Class::Permanent, false, false),
+            },
+        };
+        self.count_attempt(class, result.is_ok());
+        self.charge_expensive(expensive);
+        let attempts = self.attempts;
+        let decision = match class {
+            Class::Success => return self.finish(result, attempts, None),
+            Class::Permanent => Err(GiveUp::Permanent),
+            Class::DontRetry if grpc => Err(GiveUp::Pushback),
+            Class::DontRetry => Err(GiveUp::DontRetry),
+            Class::Retryable { after } => {
+                self.may_retry(req, grpc, safe_for_any_method, after, limits.max_attempts)
+            }
+        };
+        let after = match decision {
+            Ok(after) => after,
+            Err(why) => return self.finish(result, attempts, Some(why)),
+        };
+        // Read once a retry is in view, before any header of the request is rewritten.
+        self.read_deadline(req);
+        let backoff = limits.backoff;
+        let delay = match (after_break, after) {
+            (Some(wait), _) => wait,
+            (None, Some(exact)) if grpc => {
+                // gRFC A6: after the server's own wait, the backoff starts over.
+                self.streams(backoff).schedule.restart();
+                exact
+            }
+            (None, Some(hint)) => {
+                let delay = self.next_backoff(backoff);
+                delay.max(self.stretch(backoff, hint))
+            }
+            (None, None) => self.next_backoff(backoff),
+        };
+        let now = tokio::time::Instant::now().into_std();
+        if let Err(why) = self.may_wait(now, delay) {
+            return self.finish(result, attempts, Some(why));
+        }
+        let headers = req.headers_mut();
+        if grpc {
+            headers.insert(GRPC_PREVIOUS_RPC_ATTEMPTS, HeaderValue::from(attempts));
+            if let Some(deadline) = self.deadline() {
+                let left = deadline.remaining(now + delay);
+                headers.insert(GRPC_TIMEOUT, grpc_timeout_value(left));
+            }
+        } else {
+            headers.insert(X_ATTEMPT_COUNT, HeaderValue::from(attempts + 1));
+        }
+        self.admitted = self.admitted.saturating_add(1);
+        bump(&self.shared.counters.retries);
+        #[cfg(feature = "metrics")]
+        {
+            let (shared, view) = (&self.shared, self.budget_view());
+            let metrics = &shared.metrics;
+            metrics.attempt(&shared.name, attempts + 1);
+            metrics.retry(&shared.name, delay, view);
+        }
+        let status = result.as_ref().ok().map(|res| res.status().as_u16());
+        tracing::info!(
+            target: "stormguard::retry",
+            attempt = attempts + 1,
+            delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+            reason = if status.is_some() { "status" } else { "error" },
+            status,
+            "retrying"
+        );
+        Some(Wait::sleep(delay))
+    }
+
+    fn clone_request(&mut self, req: &Request<B>) -> Option<Request<B>> {
+        if self.attempts == 0 && !self.transparent_used {
+            let now = tokio::time::Instant::now().into_std();
+            if !self.shared.first_send(req, now) {
+                return None;
+            }
+            self.deadline = RequestDeadline::SentAt(now);
+        }
+        Some(req.clone())
+    }
+}

@@ -1,0 +1,122 @@
+//! What every clone of a policy shares: the settings and the counters.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use http::{Request, Response};
+use stormguard_core::classify::{grpc_status, Rules};
+use stormguard_core::methods::MethodTable;
+use stormguard_core::throttle::RetryThrottle;
+use stormguard_core::{Backoff, Class, RetryBudget};
+
+use super::policy::Limits;
+use super::NoRetry;
+
+/// Counters of what a [`RetryPolicy`] (and all its clones) did, read with
+/// [`RetryPolicy::stats`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct RetryStats {
+    /// Original requests.
+    pub requests: u64,
+    /// Retries sent.
+    pub retries: u64,
+    /// Requests that failed after every attempt allowed.
+    pub exhausted: u64,
+    /// Retries refused by the budget.
+    pub budget_denied: u64,
+    /// Failures returned at once as permanent.
+    pub permanent: u64,
+    /// Retries not made because the body could not be replayed.
+    pub not_replayable: u64,
+    /// Retries not made because the request was not idempotent.
+    pub not_idempotent: u64,
+    /// Retries not made because the server asked for too long a wait or for none
+    /// (`grpc-retry-pushback-ms`, `x-no-retry`).
+    pub server_refused: u64,
+    /// Retries not made because their wait would have ended past the request's
+    /// deadline.
+    pub deadline: u64,
+    /// Transparent retries: requests the server refused before its application saw
+    /// them, sent again at once without spending an attempt or budget.
+    pub transparent_retries: u64,
+}
+
+#[derive(Debug, Default)]
+pub(super) struct Counters {
+    pub(super) requests: AtomicU64,
+    pub(super) retries: AtomicU64,
+    pub(super) exhausted: AtomicU64,
+    pub(super) budget_denied: AtomicU64,
+    pub(super) permanent: AtomicU64,
+    pub(super) not_replayable: AtomicU64,
+    pub(super) not_idempotent: AtomicU64,
+    pub(super) server_refused: AtomicU64,
+    pub(super) deadline: AtomicU64,
+    pub(super) transparent_retries: AtomicU64,
+}
+
+pub(super) fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+#[derive(Debug)]
+pub(super) struct Shared {
+    /// The dependency's name, the `service` label of the metrics.
+    pub(super) name: String,
+    pub(super) max_attempts: u32,
+    pub(super) backoff: Backoff,
+    pub(super) budget: RetryBudget,
+    pub(super) throttle: Option<RetryThrottle>,
+    pub(super) rules: Rules,
+    /// Per-method limits of a gRPC service config, looked up by `:path` on failure
+    /// (`None`: the method has no retry policy).
+    pub(super) methods: Option<MethodTable<Option<Limits>>>,
+    pub(super) max_retry_after: Duration,
+    pub(super) max_replay_bytes: usize,
+    pub(super) seed: Option<u64>,
+    pub(super) next_stream: AtomicU64,
+    pub(super) counters: Counters,
+    #[cfg(feature = "metrics")]
+    pub(super) metrics: crate::metrics::RetryMetrics,
+}
+
+impl Shared {
+    /// Records a request's first send at `now` (counted, paid into the budget), and
+    /// says whether a copy is worth keeping: not for a request marked [`NoRetry`],
+    /// which is sent once whatever happens.
+    pub(super) fn first_send<B>(&self, req: &Request<B>, now: Instant) -> bool {
+        bump(&self.counters.requests);
+        #[cfg(feature = "metrics")]
+        self.metrics.attempt(&self.name, 1);
+        self.budget.deposit(now);
+        req.extensions().get::<NoRetry>().is_none()
+    }
+
+    /// gRFC A6: every answer of the server moves the throttle's token count (a
+    /// transport error is not the server's answer, and does not).
+    pub(super) fn record_outcome(&self, class: Class, answered: bool) {
+        if let Some(throttle) = &self.throttle {
+            match class {
+                Class::Success => throttle.record_success(),
+                Class::Retryable { .. } | Class::DontRetry if answered => throttle.record_failure(),
+                _ => {}
+            }
+        }
+    }
+
+    /// A request's outcome handed back after `attempts` attempts, for the metrics.
+    pub(super) fn call_ended(&self, attempts: u32) {
+        #[cfg(feature = "metrics")]
+        self.metrics
+            .call_ended(&self.name, attempts.saturating_sub(1));
+        #[cfg(not(feature = "metrics"))]
+        let _ = attempts;
+    }
+}
+
+/// Whether `res` is a success whatever the request: a 2xx without `grpc-status` is one
+/// to the gRPC rules and the HTTP rules alike.
+pub(super) fn plain_success<B>(res: &Response<B>) -> bool {
+    res.status().is_success() && grpc_status(res.headers()).is_none()
+}
