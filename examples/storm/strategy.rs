@@ -1,0 +1,297 @@
+//! The strategies (the rows): each builds one client's stack.
+
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{Request, Response};
+use http_body_util::BodyExt;
+use stormguard::{
+    Backoff, BoxError, CircuitBreaker, CircuitBreakerLayer, Jitter, RetryBudget, RetryLayer,
+    RetryPolicy,
+};
+use tokio::time::Sleep;
+use tower::retry::backoff::{
+    Backoff as _, ExponentialBackoff, ExponentialBackoffMaker, MakeBackoff,
+};
+use tower::retry::budget::{Budget as _, TpsBudget};
+use tower::retry::{Policy, Retry};
+use tower::timeout::TimeoutLayer;
+use tower::util::rng::HasherRng;
+use tower::util::BoxCloneService;
+use tower::ServiceBuilder;
+
+use crate::scenario::Scenario;
+use crate::server::splitmix64;
+use crate::{HttpClient, Req, Res, Stack};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    None,
+    Naive,
+    Unlimited,
+    Tower,
+    Stormguard,
+}
+
+impl Kind {
+    pub(crate) const ALL: [Kind; 5] = [
+        Kind::None,
+        Kind::Naive,
+        Kind::Unlimited,
+        Kind::Tower,
+        Kind::Stormguard,
+    ];
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Kind::None => "none",
+            Kind::Naive => "naive",
+            Kind::Unlimited => "unlimited",
+            Kind::Tower => "tower",
+            Kind::Stormguard => "stormguard",
+        }
+    }
+}
+
+/// A strategy's state (budgets, breakers, counters), shared by the clients that use it.
+#[derive(Debug)]
+pub(crate) enum Strategy {
+    None,
+    Naive,
+    Tower {
+        budget: Arc<TpsBudget>,
+        backoff: ExponentialBackoffMaker<HasherRng<SeededHasher>>,
+    },
+    Unlimited {
+        policy: RetryPolicy,
+    },
+    Stormguard {
+        policy: RetryPolicy,
+        breaker: CircuitBreaker,
+    },
+}
+
+impl Strategy {
+    pub(crate) fn new(kind: Kind, seed: u64) -> Result<Self, BoxError> {
+        Ok(match kind {
+            Kind::None => Strategy::None,
+            Kind::Naive => Strategy::Naive,
+            Kind::Tower => Strategy::Tower {
+                // linkerd's and Finagle's defaults: 20% of requests plus 10 a second.
+                budget: Arc::new(TpsBudget::new(Duration::from_secs(10), 10, 0.2)),
+                backoff: ExponentialBackoffMaker::new(
+                    Duration::from_millis(100),
+                    Duration::from_secs(2),
+                    0.99,
+                    HasherRng::with_hasher(SeededHasher(seed)),
+                )?,
+            },
+            // What retries can do: 3 attempts of full jitter 200 ms / 20 s and nothing
+            // else, pinned whatever the defaults become.
+            Kind::Unlimited => Strategy::Unlimited {
+                policy: RetryPolicy::builder()
+                    .max_attempts(3)
+                    .backoff(Backoff::new(
+                        Duration::from_millis(200),
+                        Duration::from_secs(20),
+                        Jitter::Full,
+                    )?)
+                    .budget(
+                        RetryBudget::builder()
+                            .ratio(1.0)
+                            .allowance(u32::MAX)
+                            .build()?,
+                    )
+                    .seed(seed)
+                    .build()?,
+            },
+            // The library's defaults: only the seed is set, for reproducible jitter.
+            Kind::Stormguard => Strategy::Stormguard {
+                policy: RetryPolicy::builder().seed(seed).build()?,
+                breaker: CircuitBreaker::builder().seed(seed).build()?,
+            },
+        })
+    }
+
+    /// One client's service stack over `client`; the per-attempt timeout is innermost.
+    pub(crate) fn stack(&self, client: HttpClient, scenario: &Scenario) -> Stack {
+        let timeout = TimeoutLayer::new(scenario.attempt_timeout);
+        let http = tower::service_fn(move |req: Req| {
+            let client = client.clone();
+            async move {
+                let (parts, body) = client.request(req).await?.into_parts();
+                let body = body.collect().await?.to_bytes();
+                Ok::<_, BoxError>(Response::from_parts(parts, body))
+            }
+        });
+        match self {
+            Strategy::None => {
+                BoxCloneService::new(ServiceBuilder::new().layer(timeout).service(http))
+            }
+            Strategy::Naive => BoxCloneService::new(Retry::new(
+                NaivePolicy::new(5, Duration::from_millis(50)),
+                ServiceBuilder::new().layer(timeout).service(http),
+            )),
+            Strategy::Tower { budget, backoff } => BoxCloneService::new(Retry::new(
+                TowerPolicy::new(3, budget.clone(), backoff.clone().make_backoff()),
+                ServiceBuilder::new().layer(timeout).service(http),
+            )),
+            Strategy::Unlimited { policy } => BoxCloneService::new(
+                ServiceBuilder::new()
+                    .layer(RetryLayer::new(policy.clone()))
+                    .layer(timeout)
+                    .service(http),
+            ),
+            Strategy::Stormguard { policy, breaker } => BoxCloneService::new(
+                ServiceBuilder::new()
+                    .layer(RetryLayer::new(policy.clone()))
+                    .layer(CircuitBreakerLayer::new(breaker.clone()))
+                    .layer(timeout)
+                    .service(http),
+            ),
+        }
+    }
+
+    /// stormguard's counters, summed into `into`.
+    pub(crate) fn add_counters(&self, into: &mut Counters) {
+        if let Strategy::Stormguard { policy, breaker } = self {
+            let retry = policy.stats();
+            let breaker = breaker.stats();
+            into.retries += retry.retries;
+            into.budget_denied += retry.budget_denied;
+            into.rejected += breaker.rejected;
+            into.transitions += breaker.transitions;
+        }
+    }
+}
+
+/// stormguard's own counters for one row, over every client's state (for `--series`).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Counters {
+    pub(crate) retries: u64,
+    pub(crate) budget_denied: u64,
+    pub(crate) rejected: u64,
+    pub(crate) transitions: u64,
+}
+
+/// The seed of client `index`'s own state in `fleet`: distinct per client, so that 200
+/// clients do not draw the same jitter sequence in lockstep.
+pub(crate) fn client_seed(seed: u64, index: u32) -> u64 {
+    splitmix64(seed ^ (u64::from(index) << 32))
+}
+
+/// Copies a bodiless request for another attempt.
+pub(crate) fn copy_request(req: &Req) -> Req {
+    let mut copy = Request::new(*req.body());
+    *copy.method_mut() = req.method().clone();
+    *copy.uri_mut() = req.uri().clone();
+    *copy.headers_mut() = req.headers().clone();
+    copy
+}
+
+/// What the hand-rolled policies retry: any error, any 5xx.
+pub(crate) fn failed<E>(result: &Result<Res, E>) -> bool {
+    result
+        .as_ref()
+        .map_or(true, |res| res.status().is_server_error())
+}
+
+/// The retry policy people write by hand: a fixed number of attempts at a fixed
+/// interval, no jitter, no budget.
+#[derive(Debug, Clone)]
+pub(crate) struct NaivePolicy {
+    pub(crate) attempts_left: u32,
+    pub(crate) interval: Duration,
+}
+
+impl NaivePolicy {
+    pub(crate) fn new(max_attempts: u32, interval: Duration) -> Self {
+        NaivePolicy {
+            attempts_left: max_attempts - 1,
+            interval,
+        }
+    }
+}
+
+impl<E> Policy<Req, Res, E> for NaivePolicy {
+    type Future = Sleep;
+
+    fn retry(&mut self, _req: &mut Req, result: &mut Result<Res, E>) -> Option<Sleep> {
+        if !failed(result) || self.attempts_left == 0 {
+            return None;
+        }
+        self.attempts_left -= 1;
+        Some(tokio::time::sleep(self.interval))
+    }
+
+    fn clone_request(&mut self, req: &Req) -> Option<Req> {
+        Some(copy_request(req))
+    }
+}
+
+/// tower's own parts: an attempt cap, `ExponentialBackoff`, and a `TpsBudget` used the
+/// way Finagle and linkerd use theirs (every original request deposits, every retry
+/// withdraws).
+///
+/// Each request's copy of the policy starts from a clone of one `ExponentialBackoff`,
+/// random generator included, so every request draws the same jitter sequence: that is
+/// how tower's backoff behaves when shared this way, and part of what is compared.
+#[derive(Debug, Clone)]
+pub(crate) struct TowerPolicy {
+    pub(crate) max_attempts: u32,
+    pub(crate) attempts: u32,
+    pub(crate) budget: Arc<TpsBudget>,
+    pub(crate) backoff: ExponentialBackoff<HasherRng<SeededHasher>>,
+}
+
+impl TowerPolicy {
+    pub(crate) fn new(
+        max_attempts: u32,
+        budget: Arc<TpsBudget>,
+        backoff: ExponentialBackoff<HasherRng<SeededHasher>>,
+    ) -> Self {
+        TowerPolicy {
+            max_attempts,
+            attempts: 0,
+            budget,
+            backoff,
+        }
+    }
+}
+
+impl<E> Policy<Req, Res, E> for TowerPolicy {
+    type Future = Sleep;
+
+    fn retry(&mut self, _req: &mut Req, result: &mut Result<Res, E>) -> Option<Sleep> {
+        self.attempts += 1;
+        if !failed(result) || self.attempts >= self.max_attempts || !self.budget.withdraw() {
+            return None;
+        }
+        Some(self.backoff.next_backoff())
+    }
+
+    fn clone_request(&mut self, req: &Req) -> Option<Req> {
+        // `Retry::call` asks the service's own copy of the policy, whose count is
+        // always 0, once per original request.
+        if self.attempts == 0 {
+            self.budget.deposit();
+        }
+        Some(copy_request(req))
+    }
+}
+
+/// Seeds tower's `HasherRng`, so that `--seed` makes tower's jitter reproducible too.
+#[derive(Debug, Clone)]
+pub(crate) struct SeededHasher(u64);
+
+impl BuildHasher for SeededHasher {
+    type Hasher = DefaultHasher;
+
+    fn build_hasher(&self) -> DefaultHasher {
+        let mut hasher = DefaultHasher::new();
+        hasher.write_u64(self.0);
+        hasher
+    }
+}
