@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use http::{HeaderMap, Request, Response};
 use stormguard::{
-    CircuitBreaker, CircuitBreakerLayer, HedgeLayer, HedgePolicy, Idempotent, NoRetry, RetryBudget,
+    CircuitBreaker, CircuitBreakerLayer, Hedge, HedgeLayer, HedgePolicy, Idempotent, NoRetry,
+    RetryBudget,
 };
 use tokio::time::{advance, Instant};
 use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
@@ -601,4 +602,66 @@ async fn under_a_retry_layer_a_shared_budget_is_paid_into_once_per_request() {
         // 4 requests at 0.5 each: 2 hedges or retries between them, not 4.
         assert_eq!(retry.budget().available(now), expected);
     }
+}
+
+/// [`Scripted`], counting how often it is cloned.
+struct CountingClones {
+    inner: Scripted,
+    clones: Arc<AtomicUsize>,
+}
+
+impl Clone for CountingClones {
+    fn clone(&self) -> Self {
+        self.clones.fetch_add(1, Ordering::SeqCst);
+        CountingClones {
+            inner: self.inner.clone(),
+            clones: self.clones.clone(),
+        }
+    }
+}
+
+impl Service<Request<String>> for CountingClones {
+    type Response = Response<String>;
+    type Error = BoxError;
+    type Future = <Scripted as Service<Request<String>>>::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<String>) -> Self::Future {
+        self.inner.call(req)
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_service_is_cloned_only_when_a_hedge_is_sent() {
+    let policy = fixed(50);
+    // Twenty fast answers, then a slow one that is hedged.
+    let mut plan = vec![reply(10, 200); 20];
+    plan.extend([reply(200, 200), reply(10, 200)]);
+    let clones = Arc::new(AtomicUsize::new(0));
+    let mut svc = Hedge::new(
+        CountingClones {
+            inner: Scripted::new(plan),
+            clones: clones.clone(),
+        },
+        policy.clone(),
+    );
+    for _ in 0..20 {
+        let res = svc.ready().await.expect("ready").call(get()).await;
+        assert_eq!(res.expect("response").status(), 200);
+    }
+    assert_eq!(policy.stats().hedges_sent, 0);
+    // One clone kept for the hedges of every request, made once; none per request.
+    assert_eq!(clones.load(Ordering::SeqCst), 1);
+
+    let res = svc.ready().await.expect("ready").call(get()).await;
+    assert_eq!(res.expect("response").into_body(), "21", "the hedge won");
+    assert_eq!(policy.stats().hedges_sent, 1);
+    assert_eq!(
+        clones.load(Ordering::SeqCst),
+        2,
+        "one clone for the hedge sent"
+    );
 }

@@ -3,6 +3,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -22,8 +23,8 @@ pin_project! {
     ///
     /// A request that is not hedged at all (not idempotent, or the policy has too few
     /// latencies yet) is the inner future and nothing else: no allocation. A hedged
-    /// request allocates its state once (the copies in flight, a timer, the clone of the
-    /// service and of the request).
+    /// request allocates its state once (the copies in flight, a timer, the copy of the
+    /// request); the service is cloned only when a hedge is sent.
     pub struct ResponseFuture<S, B>
     where
         S: Service<Request<B>>,
@@ -69,9 +70,53 @@ pub(crate) struct Hedged<S: Service<Request<B>>, B> {
     pub(crate) delay: Duration,
     pub(crate) first: S::Future,
     pub(crate) started: Instant,
-    pub(crate) service: S,
+    pub(crate) spare: Arc<Spare<S>>,
     pub(crate) copy: Request<B>,
     pub(crate) replay: Option<ReplayHandle>,
+}
+
+/// The service hedges are sent through: one clone of the inner service, made at the
+/// first request that could be hedged and kept by the layer and all its clones, cloned
+/// again only when a request sends a hedge (as [`Retry`](crate::Retry) keeps its own).
+pub(crate) struct Spare<S>(OnceLock<Kept<S>>);
+
+/// The kept service, and how to clone it (known where it was kept: the response future
+/// asks nothing more of `S` than tower's `Service`).
+struct Kept<S> {
+    service: Mutex<S>,
+    clone: fn(&S) -> S,
+}
+
+impl<S> Spare<S> {
+    pub(crate) fn new() -> Self {
+        Spare(OnceLock::new())
+    }
+
+    /// Keeps a clone of `inner`, unless one is kept already.
+    pub(crate) fn fill(&self, inner: &S)
+    where
+        S: Clone,
+    {
+        self.0.get_or_init(|| Kept {
+            service: Mutex::new(inner.clone()),
+            clone: S::clone,
+        });
+    }
+
+    /// A clone of the kept service (`None` before [`fill`](Self::fill)).
+    fn service(&self) -> Option<S> {
+        let kept = self.0.get()?;
+        let service = kept.service.lock().unwrap_or_else(PoisonError::into_inner);
+        Some((kept.clone)(&service))
+    }
+}
+
+impl<S> fmt::Debug for Spare<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Spare")
+            .field("kept", &self.0.get().is_some())
+            .finish()
+    }
 }
 
 struct Attempt<F> {
@@ -83,7 +128,9 @@ struct Attempt<F> {
 
 /// What the next hedge needs: dropped as soon as no hedge may be sent any more.
 struct Next<S, B> {
-    service: S,
+    spare: Arc<Spare<S>>,
+    /// Cloned from the spare when the first hedge is due.
+    service: Option<S>,
     copy: Request<B>,
     sleep: Pin<Box<Sleep>>,
     /// The delay is up (or a copy failed non-fatally): send when the service is ready.
@@ -134,7 +181,8 @@ where
     pub(crate) fn hedged(h: Hedged<S, B>) -> Self {
         let max = h.max_attempts;
         let next = (max > 1).then(|| Next {
-            service: h.service,
+            spare: h.spare,
+            service: None,
             copy: h.copy,
             sleep: Box::pin(tokio::time::sleep_until(h.started + h.delay)),
             due: false,
@@ -267,7 +315,17 @@ where
             self.stop(Stop::NotReplayable);
             return false;
         }
-        match next.service.poll_ready(cx) {
+        let service = match &mut next.service {
+            Some(service) => service,
+            None => match next.spare.service() {
+                Some(service) => next.service.insert(service),
+                None => {
+                    self.next = None;
+                    return false;
+                }
+            },
+        };
+        match service.poll_ready(cx) {
             Poll::Pending => return false,
             Poll::Ready(Err(err)) => {
                 tracing::debug!(target: "stormguard::hedge", "service failed to get ready for a hedge");
@@ -294,7 +352,9 @@ where
         let future = if self.sent + 1 >= self.max_attempts {
             // The last hedge takes the kept request itself: no copy to make.
             let Some(Next {
-                mut service, copy, ..
+                service: Some(mut service),
+                copy,
+                ..
             }) = self.next.take()
             else {
                 return false;
@@ -303,7 +363,11 @@ where
         } else {
             next.due = false;
             next.sleep.as_mut().reset(now + self.delay);
-            next.service.call(stamp(next.copy.clone()))
+            let copy = stamp(next.copy.clone());
+            match &mut next.service {
+                Some(service) => service.call(copy),
+                None => return false,
+            }
         };
         self.attempts.push(Attempt {
             future: Box::pin(future),

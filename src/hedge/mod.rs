@@ -545,12 +545,17 @@ impl HedgePolicyBuilder {
 pub struct Hedge<S> {
     inner: S,
     policy: HedgePolicy,
+    spare: Arc<future::Spare<S>>,
 }
 
 impl<S> Hedge<S> {
     /// Hedges requests to `inner` by `policy`.
     pub fn new(inner: S, policy: HedgePolicy) -> Self {
-        Hedge { inner, policy }
+        Hedge {
+            inner,
+            policy,
+            spare: Arc::new(future::Spare::new()),
+        }
     }
 
     /// The policy requests are hedged by.
@@ -615,8 +620,10 @@ where
         match delay {
             None => ResponseFuture::timed(self.inner.call(req), now, self.policy.clone(), grpc),
             Some(delay) => {
-                // The clone is polled ready by the response future before each hedge.
-                let service = self.inner.clone();
+                // The request is copied now, as the first call takes it; the service is
+                // cloned from the spare only when a hedge is sent.
+                self.spare.fill(&self.inner);
+                let spare = Arc::clone(&self.spare);
                 let copy = req.clone();
                 let replay = req.extensions().get::<ReplayHandle>().cloned();
                 let first = self.inner.call(req);
@@ -629,7 +636,7 @@ where
                     delay,
                     first,
                     started: now,
-                    service,
+                    spare,
                     copy,
                     replay,
                 })
