@@ -1,5 +1,5 @@
-//! The success-path setup shared by `crates/stormguard-bench/benches/overhead.rs`,
-//! `crates/stormguard-bench/benches/ratio.rs` and `tests/allocations.rs`: one request type, two requests (a bare one and a realistic
+//! The success-path setup shared by `benches/overhead.rs`,
+//! `benches/ratio.rs` and `tests/allocations.rs`: one request type, two requests (a bare one and a realistic
 //! one), an always-200 upstream, tower's least retry policy, and a tower policy with
 //! tower's `TpsBudget`.
 

@@ -18,13 +18,14 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
-use stormguard::{CircuitBreaker, CircuitBreakerLayer, RetryLayer, RetryPolicy};
+use stormguard::{RetryLayer, RetryPolicy};
 use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 
-#[path = "../../../tests/support/stacks.rs"]
+mod peers;
+#[path = "../tests/support/stacks.rs"]
 mod stacks;
 
-use stacks::{realistic_request, request, upstream, NeverRetry, Req, TpsPolicy, UPSTREAM};
+use stacks::{realistic_request, request, upstream, Req, TpsPolicy, UPSTREAM};
 
 /// Calls per stack per round.
 const BATCH: u32 = 2000;
@@ -110,48 +111,33 @@ where
     })
 }
 
-/// The stacks: `bare`, tower with its budget (the reference), and the others.
+/// Collects each stack's [`Batch`].
+struct Batches {
+    make: MakeRequest,
+    stacks: Vec<(&'static str, Batch)>,
+}
+
+impl peers::Visit for Batches {
+    fn visit<S, B>(&mut self, name: &'static str, svc: S)
+    where
+        S: Service<Req, Response = http::Response<B>> + Clone + 'static,
+        S::Error: std::fmt::Debug,
+        B: hyper::body::Body + 'static,
+        B::Error: std::fmt::Debug,
+    {
+        self.stacks.push((name, batch(svc, self.make)));
+    }
+}
+
+/// The stacks: [`peers::each`] (`bare` and tower with its budget, the reference, first),
+/// then the shared-state floors only this bench measures.
 fn stacks(make: MakeRequest) -> Vec<(&'static str, Batch)> {
-    let breaker = CircuitBreaker::builder().build().expect("breaker");
-    vec![
-        ("bare", batch(upstream(), make)),
-        (
-            "tower_retry_tps_budget",
-            batch(
-                ServiceBuilder::new()
-                    .layer(tower::retry::RetryLayer::new(TpsPolicy::new()))
-                    .service(upstream()),
-                make,
-            ),
-        ),
-        (
-            "tower_retry",
-            batch(
-                ServiceBuilder::new()
-                    .layer(tower::retry::RetryLayer::new(NeverRetry))
-                    .service(upstream()),
-                make,
-            ),
-        ),
-        (
-            "stormguard_retry",
-            batch(
-                ServiceBuilder::new()
-                    .layer(RetryLayer::new(RetryPolicy::default()))
-                    .service(upstream()),
-                make,
-            ),
-        ),
-        (
-            "stormguard_retry_breaker",
-            batch(
-                ServiceBuilder::new()
-                    .layer(RetryLayer::new(RetryPolicy::default()))
-                    .layer(CircuitBreakerLayer::new(breaker))
-                    .service(upstream()),
-                make,
-            ),
-        ),
+    let mut batches = Batches {
+        make,
+        stacks: Vec::new(),
+    };
+    peers::each(&mut batches, &upstream);
+    batches.stacks.extend([
         (
             "tower_retry_tps_budget + shared-state floor",
             batch(
@@ -172,7 +158,8 @@ fn stacks(make: MakeRequest) -> Vec<(&'static str, Batch)> {
                 make,
             ),
         ),
-    ]
+    ]);
+    batches.stacks
 }
 
 /// The value at `q` (0 to 1) of `values`, sorted in place.

@@ -27,14 +27,14 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use stormguard::{CircuitBreaker, CircuitBreakerLayer, RetryLayer, RetryPolicy};
 use tokio::runtime::Runtime;
 use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
 
-#[path = "../../../tests/support/stacks.rs"]
+mod peers;
+#[path = "../tests/support/stacks.rs"]
 mod stacks;
 
-use stacks::{realistic_request, request, upstream, NeverRetry, Req, TpsPolicy, UPSTREAM};
+use stacks::{realistic_request, request, upstream, Req, UPSTREAM};
 
 type Group<'a> = BenchmarkGroup<'a, criterion::measurement::WallTime>;
 
@@ -81,46 +81,34 @@ where
     });
 }
 
-/// The stacks compared on every upstream: bare, tower's `Retry` with a `TpsBudget`,
-/// stormguard's retry, and stormguard's retry over its breaker, each over an upstream of
-/// its own (over HTTP/2, a connection of its own).
+/// Benches each of [`peers::each`]'s stacks in one group.
+struct Benches<'g, 'a, 'c> {
+    group: &'g mut Group<'a>,
+    rt: &'g Runtime,
+    calls: Calls<'c>,
+}
+
+impl peers::Visit for Benches<'_, '_, '_> {
+    fn visit<S, B>(&mut self, name: &'static str, svc: S)
+    where
+        S: Service<Req, Response = Response<B>> + Clone + 'static,
+        S::Error: std::fmt::Debug,
+        B: hyper::body::Body + 'static,
+        B::Error: std::fmt::Debug,
+    {
+        bench(self.group, self.rt, name, self.calls, svc);
+    }
+}
+
+/// The stacks compared on every upstream ([`peers::each`]).
 fn peers<S, B>(group: &mut Group<'_>, rt: &Runtime, calls: Calls<'_>, upstream: &dyn Fn() -> S)
 where
-    S: Service<Req, Response = Response<B>> + Clone,
+    S: Service<Req, Response = Response<B>> + Clone + 'static,
     S::Error: Into<BoxError> + std::fmt::Debug + 'static,
-    B: hyper::body::Body,
+    B: hyper::body::Body + 'static,
     B::Error: std::fmt::Debug,
 {
-    bench(group, rt, "bare", calls, upstream());
-    bench(
-        group,
-        rt,
-        "tower_retry_tps_budget",
-        calls,
-        ServiceBuilder::new()
-            .layer(tower::retry::RetryLayer::new(TpsPolicy::new()))
-            .service(upstream()),
-    );
-    bench(
-        group,
-        rt,
-        "stormguard_retry",
-        calls,
-        ServiceBuilder::new()
-            .layer(RetryLayer::new(RetryPolicy::default()))
-            .service(upstream()),
-    );
-    let breaker = CircuitBreaker::builder().build().expect("breaker");
-    bench(
-        group,
-        rt,
-        "stormguard_retry_breaker",
-        calls,
-        ServiceBuilder::new()
-            .layer(RetryLayer::new(RetryPolicy::default()))
-            .layer(CircuitBreakerLayer::new(breaker))
-            .service(upstream()),
-    );
+    peers::each(&mut Benches { group, rt, calls }, upstream);
 }
 
 fn overhead(c: &mut Criterion) {
@@ -131,15 +119,6 @@ fn overhead(c: &mut Criterion) {
     };
     let mut group = c.benchmark_group("overhead");
     peers(&mut group, &rt, calls, &upstream);
-    bench(
-        &mut group,
-        &rt,
-        "tower_retry",
-        calls,
-        ServiceBuilder::new()
-            .layer(tower::retry::RetryLayer::new(NeverRetry))
-            .service(upstream()),
-    );
     let retry = tower_resilience::retry::RetryLayer::<
         Req,
         stacks::Res,
