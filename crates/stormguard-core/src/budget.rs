@@ -89,7 +89,7 @@
 
 use std::fmt;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, PoisonError};
+use std::sync::{Arc, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::pace::Pace;
@@ -157,7 +157,8 @@ pub struct RetryBudget {
 }
 
 struct State {
-    origin: Instant,
+    /// The instant epochs are counted from: see [`State::origin`].
+    origin: OnceLock<Instant>,
     bucket_nanos: u64,
     deposit_units: i64,
     reserve_units: i64,
@@ -405,10 +406,12 @@ impl RetryBudget {
         self.state.name.as_deref()
     }
 
-    /// The instant epochs are counted from, for tests that need to land on a boundary.
-    #[cfg(all(loom, test))]
-    pub(crate) fn origin(&self) -> Instant {
-        self.state.origin
+    /// The instant epochs are counted from, for tests that need to land on a boundary
+    /// (the test's clock read here is its time zero, unless the builder gave one).
+    #[cfg(test)]
+    #[allow(clippy::disallowed_methods)]
+    pub(crate) fn t0(&self) -> Instant {
+        self.state.origin(Instant::now())
     }
 }
 
@@ -432,6 +435,16 @@ impl fmt::Debug for RetryBudget {
 }
 
 impl State {
+    /// The instant epochs are counted from: the builder's, or an hour before the first
+    /// `now` this budget is given, so that the core reads no clock and instants taken a
+    /// little before that first one (another request's, already in flight) still fall
+    /// in their own bucket instead of being clamped to the first.
+    fn origin(&self, now: Instant) -> Instant {
+        *self
+            .origin
+            .get_or_init(|| now.checked_sub(Duration::from_secs(3600)).unwrap_or(now))
+    }
+
     /// The epoch for `now`, or the current one if `now` is older.
     ///
     /// Most calls land in the current epoch: one load. The first call in a new epoch
@@ -439,7 +452,7 @@ impl State {
     /// withdrawal bucket of the old one (no retry is granted in an epoch once a later one
     /// may have been read) and empties the buckets of the epochs it moves over.
     fn advance(&self, now: Instant) -> u64 {
-        let since = now.saturating_duration_since(self.origin);
+        let since = now.saturating_duration_since(self.origin(now));
         let nanos = since
             .as_secs()
             .saturating_mul(1_000_000_000)
@@ -545,7 +558,7 @@ impl State {
         let bucket_secs = self.bucket_nanos as f64 / 1e9;
         let floor = self.reserve_units as f64 / UNIT as f64 / self.window.as_secs_f64();
         let per_sec = (pace * recent as f64 / bucket_secs).max(floor);
-        let since = now.saturating_duration_since(self.origin);
+        let since = now.saturating_duration_since(self.origin(now));
         let ms = u64::try_from(since.as_millis()).unwrap_or(u64::MAX);
         self.spend.try_take(ms, per_sec)
     }
@@ -667,7 +680,8 @@ impl RetryBudgetBuilder {
         self
     }
 
-    /// The instant the budget counts its epochs from \[an hour before it was built\].
+    /// The instant the budget counts its epochs from \[an hour before the first instant
+    /// it is given\].
     /// Instants before it count as the origin itself. A simulator, or a test on a
     /// virtual clock, gives its own time zero here, so that a run is a pure function of
     /// its inputs.
@@ -756,14 +770,7 @@ impl RetryBudgetBuilder {
         let reserve = min_retries * UNIT as f64;
         RetryBudget {
             state: Arc::new(State {
-                // An hour back, so that instants taken shortly before the budget was
-                // made (a paused test clock, a request already in flight) still fall in
-                // their own bucket instead of being clamped to the first.
-                origin: self.origin.unwrap_or_else(|| {
-                    Instant::now()
-                        .checked_sub(Duration::from_secs(3600))
-                        .unwrap_or_else(Instant::now)
-                }),
+                origin: self.origin.map_or_else(OnceLock::new, OnceLock::from),
                 bucket_nanos: (self.window.as_nanos() / u128::from(DEPOSIT_BUCKETS)) as u64,
                 deposit_units: (self.ratio * UNIT as f64).round() as i64,
                 reserve_units: reserve.round().min((1u64 << 60) as f64) as i64,
@@ -790,6 +797,7 @@ impl RetryBudgetBuilder {
 }
 
 #[cfg(test)]
+#[allow(clippy::disallowed_methods)] // tests take their time zero from the clock
 mod tests {
     use super::*;
     use proptest::prelude::*;
@@ -819,7 +827,7 @@ mod tests {
     fn exact_ratio_at_one_instant() {
         for (ratio, expected) in [(0.1, 10_000), (0.6, 60_000), (1.0, 100_000), (0.0, 0)] {
             let b = budget(ratio, 10, 0);
-            let now = b.state.origin;
+            let now = b.t0();
             for _ in 0..100_000 {
                 b.deposit(now);
             }
@@ -831,7 +839,7 @@ mod tests {
     #[test]
     fn deposits_older_than_the_window_no_longer_pay() {
         let b = budget(0.1, 10, 0);
-        let t0 = b.state.origin;
+        let t0 = b.t0();
         for _ in 0..100 {
             b.deposit(t0);
         }
@@ -843,7 +851,7 @@ mod tests {
     #[test]
     fn withdrawals_expire_with_the_window_too() {
         let b = budget(0.5, 10, 0);
-        let t0 = b.state.origin;
+        let t0 = b.t0();
         for _ in 0..4 {
             b.deposit(t0);
         }
@@ -861,7 +869,7 @@ mod tests {
     #[test]
     fn floor_lets_a_quiet_client_retry() {
         let b = budget(0.1, 10, 1);
-        let now = b.state.origin;
+        let now = b.t0();
         assert_eq!(withdraw_all(&b, now), 10, "1/s over 10 s");
         assert_eq!(withdraw_all(&b, now + Duration::from_secs(5)), 0);
         // Retries are charged for a whole window (rounded up to a bucket).
@@ -880,7 +888,7 @@ mod tests {
         };
         // The floor alone: one retry a window, and no more.
         let b = v02().build().expect("budget");
-        let now = b.state.origin + Duration::from_secs(60);
+        let now = b.t0() + Duration::from_secs(60);
         let per_second: Vec<u64> = (0..12)
             .map(|s| withdraw_all(&b, now + Duration::from_secs(s)))
             .collect();
@@ -896,7 +904,7 @@ mod tests {
         // may spend them at half the request rate, 50 every 100 ms, plus 100 ms of it
         // at its onset.
         let b = v02().build().expect("budget");
-        let t0 = b.state.origin + Duration::from_secs(60);
+        let t0 = b.t0() + Duration::from_secs(60);
         for ms in 0..10_000 {
             b.deposit(t0 + Duration::from_millis(ms));
         }
@@ -1051,7 +1059,7 @@ mod tests {
             .build()
             .expect("budget");
         assert_eq!((b.allowance(), b.allowance_left()), (0, 0));
-        let now = b.state.origin + Duration::from_secs(60);
+        let now = b.t0() + Duration::from_secs(60);
         // One retry of room a window, and only that.
         assert!(b.admit(now, 1) && !b.admit(now, 0));
     }
@@ -1085,7 +1093,7 @@ mod tests {
     #[test]
     fn a_year_idle_costs_nothing_special() {
         let b = budget(0.1, 10, 0);
-        let t0 = b.state.origin;
+        let t0 = b.t0();
         for _ in 0..100 {
             b.deposit(t0);
         }
@@ -1100,7 +1108,7 @@ mod tests {
     #[test]
     fn stamps_that_wrap_do_not_bring_old_buckets_back() {
         let b = budget(1.0, 10, 0);
-        let t0 = b.state.origin;
+        let t0 = b.t0();
         for _ in 0..50 {
             b.deposit(t0);
         }
@@ -1115,7 +1123,7 @@ mod tests {
     #[test]
     fn time_never_runs_backwards() {
         let b = budget(1.0, 10, 0);
-        let t0 = b.state.origin;
+        let t0 = b.t0();
         b.deposit(t0 + Duration::from_secs(30));
         // An operation stamped earlier than one already seen counts as now.
         b.deposit(t0);
@@ -1128,7 +1136,7 @@ mod tests {
         // 24 atomics (two rings, the clock, the allowance and the pace), the roll-over
         // lock and the configuration (its name a pointer and a length), on 64-bit Linux.
         #[cfg(all(target_pointer_width = "64", target_os = "linux"))]
-        assert_eq!(RetryBudget::STATE_BYTES, 312);
+        assert_eq!(RetryBudget::STATE_BYTES, 320);
         let named = RetryBudget::builder().name("payments").build();
         assert_eq!(named.ok().as_ref().and_then(|b| b.name()), Some("payments"));
         assert_eq!(RetryBudget::default().name(), None);
@@ -1157,7 +1165,7 @@ mod tests {
     #[test]
     fn clones_share_one_state_across_threads() {
         let b = budget(0.1, 10, 0);
-        let now = b.state.origin;
+        let now = b.t0();
         std::thread::scope(|s| {
             for _ in 0..4 {
                 let b = b.clone();
@@ -1194,7 +1202,7 @@ mod tests {
         const OPS_PER_THREAD: u64 = 50_000;
         for (threads, ratio, min_per_sec) in [(2, 1.0, 0), (4, 0.1, 0), (8, 1.0, 0), (8, 0.5, 1)] {
             let b = budget(ratio, 10, min_per_sec);
-            let origin = b.state.origin;
+            let origin = b.t0();
             let ticks = AtomicU64::new(0);
             let epoch_of = |tick: u64| tick * TICK_NANOS / b.state.bucket_nanos;
             // (lowest epoch, highest epoch) -> count, for deposits and for grants.
@@ -1316,14 +1324,14 @@ mod tests {
             let ratio = f64::from(ratio_ten_thousandths) / 10_000.0;
             let window = Duration::from_secs(10);
             let b = RetryBudget::builder().ratio(ratio).window(window).min_per_sec(min_per_sec).allowance(0).pace(Some(DEFAULT_PACE)).build().expect("valid");
-            let mut now = b.state.origin;
+            let mut now = b.t0();
             let (mut deposits, mut grants) = (Vec::new(), Vec::new());
             for op in ops {
                 match op {
                     Op::Deposit => { b.deposit(now); deposits.push(now); }
                     Op::Withdraw => if b.try_withdraw(now) {
                         grants.push(now);
-                        let from = now.checked_sub(window).unwrap_or(b.state.origin);
+                        let from = now.checked_sub(window).unwrap_or(b.t0());
                         let granted = grants.iter().filter(|t| **t > from).count() as f64;
                         let paid = deposits.iter().filter(|t| **t > from).count() as f64;
                         let floor = f64::from(min_per_sec) * window.as_secs_f64();
@@ -1342,7 +1350,7 @@ mod tests {
             deposits in 0u32..5_000,
         ) {
             let b = budget(f64::from(ratio_ten_thousandths) / 10_000.0, 10, 0);
-            let now = b.state.origin;
+            let now = b.t0();
             for _ in 0..deposits { b.deposit(now); }
             let expected = u64::from(deposits) * u64::from(ratio_ten_thousandths) / 10_000;
             prop_assert_eq!(withdraw_all(&b, now), expected);

@@ -135,6 +135,7 @@ pub fn grpc_timeout_value(remaining: Duration) -> HeaderValue {
 }
 
 #[cfg(test)]
+#[allow(clippy::disallowed_methods)] // tests take their time zero from the clock
 mod tests {
     use super::*;
 

@@ -7,10 +7,10 @@
 //! ([`RetryBudget`]) and whether the dependency is taking calls at all
 //! ([`breaker::Breaker`]), when a slow request deserves a hedge
 //! ([`hedge::LatencyEstimator`]), how long a retry may still wait ([`deadline`]), and
-//! what a queue consumer tells its broker after a delivery ([`redelivery`]). No
-//! decision here reads a clock (a budget notes the instant it was made, as the origin
-//! of its epochs; everything else takes `now`), spawns a task or depends on
-//! tokio or tower, so the same rules serve the Tower middleware, a queue consumer
+//! what a queue consumer tells its broker after a delivery ([`redelivery`]). Nothing
+//! here reads a clock (every decision takes `now`; a budget counts its epochs from the
+//! origin its builder was given, or from an hour before the first `now` it sees; clippy's
+//! `disallowed-methods` keeps it so), spawns a task or depends on tokio or tower, so the same rules serve the Tower middleware, a queue consumer
 //! that lets its broker hold the backoff, and a simulator running on virtual time.
 //!
 //! ```
@@ -43,6 +43,7 @@ mod sync;
 pub mod throttle;
 
 #[cfg(all(loom, test))]
+#[allow(clippy::disallowed_methods)] // the model takes its time zero from the clock
 mod loom_model;
 
 pub use backoff::{Backoff, Jitter, Schedule};

@@ -44,7 +44,7 @@ fn budget(ratio: f64) -> (RetryBudget, Instant) {
         .allowance(0)
         .build()
         .expect("valid budget");
-    let t0 = budget.origin();
+    let t0 = budget.t0();
     (budget, t0)
 }
 
@@ -143,7 +143,7 @@ fn budget_charge_racing_the_carry_over() {
             .allowance(1)
             .build()
             .expect("valid budget");
-        let t0 = budget.origin();
+        let t0 = budget.t0();
         budget.deposit(t0);
         let roller = {
             let budget = budget.clone();

@@ -255,6 +255,7 @@ impl fmt::Display for Rejected {
 impl std::error::Error for Rejected {}
 
 #[cfg(test)]
+#[allow(clippy::disallowed_methods)] // tests take their time zero from the clock
 mod tests {
     use super::*;
     use std::sync::{Arc, Barrier};
