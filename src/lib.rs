@@ -14,6 +14,7 @@ pub mod hedge;
 pub mod metrics;
 pub mod retry;
 pub mod signals;
+pub mod stack;
 mod tower_budget;
 
 pub use body::{NotReplayable, ReplayBody};
@@ -27,6 +28,7 @@ pub use retry::{
     Attempts, GiveUp, Idempotent, NoRetry, Retry, RetryLayer, RetryPolicy, RetryPolicyBuilder,
     RetryStats,
 };
+pub use stack::{HttpStack, StandardStack};
 pub use stormguard_core::{
     backoff, budget, classify, deadline, deadline::Deadline, methods, redelivery, retry_after,
     throttle, Backoff, CircuitState, Class, ConfigError, Jitter, RetryBudget, RetryBudgetBuilder,

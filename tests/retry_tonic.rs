@@ -299,3 +299,66 @@ async fn a_new_clients_client_stream_gets_all_its_attempts() {
     let stats = policy.stats();
     assert_eq!((stats.retries, stats.budget_denied), (2, 0), "{stats:?}");
 }
+
+/// A client of the shape tonic-build generates: `tonic::client::Grpc` over any
+/// `GrpcService`, one method per RPC.
+#[cfg(feature = "tonic")]
+struct UploadClient<T> {
+    inner: tonic::client::Grpc<T>,
+}
+
+#[cfg(feature = "tonic")]
+impl<T> UploadClient<T>
+where
+    T: tonic::client::GrpcService<Body>,
+    T::Error: Into<tonic::codegen::StdError>,
+    T::ResponseBody: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    <T::ResponseBody as http_body::Body>::Error: Into<tonic::codegen::StdError> + Send,
+{
+    fn new(inner: T) -> Self {
+        UploadClient {
+            inner: tonic::client::Grpc::new(inner),
+        }
+    }
+
+    async fn one(&mut self, request: Request<Chunk>) -> Result<Response<Summary>, Status> {
+        self.inner
+            .ready()
+            .await
+            .map_err(|e| Status::unknown(format!("service was not ready: {}", e.into())))?;
+        self.inner
+            .unary(
+                request,
+                PathAndQuery::from_static(UNARY_PATH),
+                ProstCodec::<Chunk, Summary>::default(),
+            )
+            .await
+    }
+}
+
+/// What an application keeps: the generated-shape client over the named standard stack.
+#[cfg(feature = "tonic")]
+struct App {
+    upload: UploadClient<stormguard::stack::GrpcStack>,
+}
+
+#[cfg(feature = "tonic")]
+#[tokio::test]
+async fn a_generated_client_over_the_standard_stack_rides_out_unavailable() {
+    let (uri, calls) = serve_unary(2).await;
+    let channel = connect(uri).await;
+    let stack = stormguard::StandardStack::new("upload");
+    let mut app = App {
+        upload: UploadClient::new(stack.grpc(channel)),
+    };
+    let call = app.upload.one(Request::new(Chunk { data: vec![7; 100] }));
+    let summary = tokio::time::timeout(Duration::from_secs(10), call)
+        .await
+        .expect("in time")
+        .expect("the third attempt succeeds")
+        .into_inner();
+    assert_eq!(summary.bytes, 100);
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+    let stats = stack.retry().stats();
+    assert_eq!((stats.retries, stats.budget_denied), (2, 0), "{stats:?}");
+}
