@@ -21,7 +21,7 @@
 //! `U[0, min(cap, base * 2^(n-1)))`. The decision is pure: the randomness comes in as an
 //! `rng` ([`Redelivery::decide`]) or a seed ([`Redelivery::decide_seeded`], for example the
 //! message's stream sequence, so a run can be replayed exactly). Nothing here sleeps,
-//! reads a clock or talks to a broker; `examples/nats_worker.rs` drives it against NATS
+//! reads a clock or talks to a broker; `examples/nats_worker/` drives it against NATS
 //! JetStream.
 //!
 //! ```
