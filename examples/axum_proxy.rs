@@ -1,8 +1,8 @@
 //! An axum handler that calls its upstream through the stormguard stack.
 //!
 //! Two servers on 127.0.0.1: a flaky upstream (every third request gets a 503) and an
-//! axum proxy whose `/quote` handler calls it through retry, circuit breaker and
-//! per-attempt timeout. The example then calls the proxy a few times and prints what its
+//! axum proxy whose `/quote` handler calls it through the standard stack (total timeout,
+//! retry, circuit breaker, per-attempt timeout), held by name in the handler's `State`. The example then calls the proxy a few times and prints what its
 //! callers saw: every call succeeds, though a third of the upstream attempts failed.
 //!
 //! `cargo run --example axum_proxy`
@@ -20,16 +20,13 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use stormguard::{Attempts, CircuitBreaker, CircuitBreakerLayer, RetryLayer, RetryPolicy};
+use stormguard::stack::{HttpStack, StandardStack};
+use stormguard::Attempts;
 use tokio::net::TcpListener;
-use tower::util::BoxCloneSyncService;
-use tower::{BoxError, ServiceBuilder, ServiceExt};
+use tower::{BoxError, ServiceExt};
 
-type Upstream = BoxCloneSyncService<
-    http::Request<Full<Bytes>>,
-    http::Response<hyper::body::Incoming>,
-    BoxError,
->;
+/// The upstream's stack, named: no boxing needed to keep it in the `State`.
+type Upstream = HttpStack<Client<HttpConnector, Full<Bytes>>>;
 
 #[derive(Clone)]
 struct Proxy {
@@ -96,13 +93,13 @@ async fn main() -> Result<(), BoxError> {
 
     let client: Client<HttpConnector, Full<Bytes>> =
         Client::builder(TokioExecutor::new()).build_http();
-    let upstream = ServiceBuilder::new()
-        .layer(RetryLayer::new(RetryPolicy::builder().build()?))
-        .layer(CircuitBreakerLayer::new(CircuitBreaker::builder().build()?))
-        .timeout(Duration::from_secs(1))
-        .service(client);
+    // The defaults but the attempt timeout: this upstream answers in microseconds, so an
+    // attempt that takes a second is a hung one.
+    let stack = StandardStack::builder("prices")
+        .attempt_timeout(Duration::from_secs(1))
+        .build()?;
     let proxy = Proxy {
-        upstream: BoxCloneSyncService::new(upstream),
+        upstream: stack.http(client),
         base: upstream_base,
     };
     let proxy_base = serve(Router::new().route("/quote", get(quote)).with_state(proxy)).await?;

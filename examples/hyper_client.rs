@@ -70,6 +70,8 @@ async fn main() -> Result<(), BoxError> {
         let client = Client::builder(TokioExecutor::new())
             .http2_only(http2)
             .build_http::<Full<Bytes>>();
+        // The layers by hand, to show each; `StandardStack::new("flaky").http(client)`
+        // is the same order with a total timeout on top (see examples/axum_proxy.rs).
         let svc = ServiceBuilder::new()
             .layer(RetryLayer::new(policy.clone()))
             .layer(CircuitBreakerLayer::new(breaker.clone()))

@@ -94,7 +94,9 @@ async fn main() -> Result<(), BoxError> {
         .await?;
     let policy = RetryPolicy::builder().build()?;
 
-    // The HTTP stack plus one line: tonic's Channel takes its own body type.
+    // The HTTP stack plus one line: tonic's Channel takes its own body type. With the
+    // `tonic` feature, `StandardStack::new("upload").grpc(channel)` builds the same
+    // layers, with a total timeout on top, as a nameable `GrpcStack`.
     let svc = ServiceBuilder::new()
         .layer(RetryLayer::new(policy.clone()).replay_bodies())
         .map_request(|r: http::Request<ReplayBody<Body>>| r.map(Body::new))

@@ -297,8 +297,14 @@ async fn a_config_dependency_makes_the_stack_and_its_breaker_off_never_opens() {
     let svc = stack.http(failing);
     // Far past what opens the default breaker (100 in a row, or 95% of 20 calls).
     for _ in 0..300 {
-        let request = Request::get("http://legacy/").body(String::new()).expect("request");
-        let res = svc.clone().oneshot(request).await.expect("a 500, not an open circuit");
+        let request = Request::get("http://legacy/")
+            .body(String::new())
+            .expect("request");
+        let res = svc
+            .clone()
+            .oneshot(request)
+            .await
+            .expect("a 500, not an open circuit");
         assert_eq!(res.status(), 500);
     }
     assert_eq!(stack.breaker().state(), CircuitState::Closed);
