@@ -11,7 +11,7 @@
 //! | `retry_exhausted_total` | counter | `service` | requests that failed after every attempt allowed |
 //! | `retry_give_ups_total` | counter | `service`, `reason` | every give-up, by [`GiveUp`] reason (`budget`, `circuit_open`, `deadline`...) |
 //! | `retry_transparent_total` | counter | `service` | transparent retries (refused streams, drained connections) |
-//! | `retry_budget_remaining` | gauge | `service` | whole retries of room in the budget (a request's first retry needs more than one, a later one any), as of the last failure (labelled with the budget's own name if it has one, else the policy's) |
+//! | `retry_budget_remaining` | gauge | `service` | whole retries of room in the budget (a request's first retry needs more than one, a later one any), as of the last failure (labelled with the budget's own name, `RetryBudget::builder().name("payments")`, if it has one, else the policy's) |
 //! | `retry_budget_allowance` | gauge | `service` | whole retries of the allowance left (savings carried over; 0 while an overdraft is repaid), as of the last failure (labelled as above) |
 //! | `retry_ratio` | gauge | `service` | wasted retries (of requests that ended unserved, and timeouts) per original request over the budget's window, what the budget bounds, as of the last failure (labelled as above) |
 //! | `retry_delay_seconds` | histogram | `service` | the wait before each retry |
@@ -24,6 +24,73 @@
 //! a call into `metrics`' no-op recorder; without the feature nothing of this is compiled.
 //! The budget gauges are refreshed on the failure path only (each retry and give-up), so
 //! a healthy client's success path reads no window.
+//!
+//! # What it costs
+//!
+//! With no recorder installed,
+//! `cargo bench -p stormguard-bench --bench overhead [--features stormguard/metrics] -- --quick "overhead/(bare|stormguard)"`
+//! printed, in one run each for commit 4eb03a3 (on the code of its parent, 9e3713b):
+//! `stormguard_retry` 504.3 → 506.2 ns (+2 ns, the attempt counter and the per-call
+//! histogram hitting the no-op recorder), `stormguard_retry_breaker` 649.8 → 654.9 ns
+//! (+5 ns; the breaker records nothing on the success path).
+//!
+//! # A scrape
+//!
+//! `cargo run --example metrics --features metrics` installs
+//! `metrics-exporter-prometheus`, sends 200 requests 5 ms apart to a dependency on
+//! 127.0.0.1 that answers 503 to its first 40 requests, scrapes its own `/metrics` over
+//! HTTP and prints the stormguard series (quantile lines left out here); `tests/metrics.rs`
+//! in the repository scrapes the same way and checks the series. For commit 1474e89 (on
+//! the code of its parent, 301fa6d) it printed:
+//!
+//! ```text
+//! circuit_breaker_state{dependency="payments"} 0
+//! circuit_breaker_transitions_total{dependency="payments",from="closed",to="open"} 1
+//! circuit_breaker_transitions_total{dependency="payments",from="half_open",to="closed"} 1
+//! circuit_breaker_transitions_total{dependency="payments",from="half_open",to="open"} 20
+//! circuit_breaker_transitions_total{dependency="payments",from="open",to="half_open"} 21
+//! retry_attempts_total{service="payments",attempt_number="1"} 200
+//! retry_attempts_total{service="payments",attempt_number="2"} 11
+//! retry_attempts_total{service="payments",attempt_number="3"} 1
+//! retry_budget_allowance{service="payments"} 1
+//! retry_budget_remaining{service="payments"} 0
+//! retry_delay_seconds_count{service="payments"} 12
+//! retry_delay_seconds_sum{service="payments"} 0.007970732999999999
+//! retry_exhausted_total{service="payments"} 1
+//! retry_give_ups_total{service="payments",reason="body_not_replayable"} 0
+//! retry_give_ups_total{service="payments",reason="budget"} 27
+//! retry_give_ups_total{service="payments",reason="circuit_open"} 91
+//! retry_give_ups_total{service="payments",reason="deadline"} 0
+//! retry_give_ups_total{service="payments",reason="dont_retry"} 0
+//! retry_give_ups_total{service="payments",reason="exhausted"} 1
+//! retry_give_ups_total{service="payments",reason="not_idempotent"} 0
+//! retry_give_ups_total{service="payments",reason="permanent"} 0
+//! retry_give_ups_total{service="payments",reason="pushback"} 0
+//! retry_give_ups_total{service="payments",reason="retry_after_too_long"} 0
+//! retry_ratio{service="payments"} 0.10084033613445378
+//! retry_retries_per_call_count{service="payments"} 200
+//! retry_retries_per_call_sum{service="payments"} 12
+//! retry_transparent_total{service="payments"} 0
+//! ```
+//!
+//! # Alert rules
+//!
+//! Alert rules an operator would write from them (PromQL):
+//!
+//! ```yaml
+//! - alert: RetriesExhausting          # retries give up faster than usual: the dependency is failing
+//!   expr: sum by (service) (rate(retry_give_ups_total{reason=~"exhausted|budget"}[5m])) > 1
+//! - alert: RetryBudgetSpent           # the budget is empty: callers now see first-try failures
+//!   expr: max by (service) (retry_budget_remaining) == 0
+//! - alert: RetryTrafficHigh           # retries above 10% of first tries for 10 minutes
+//!   expr: |
+//!     sum by (service) (rate(retry_attempts_total{attempt_number!="1"}[5m]))
+//!       / sum by (service) (rate(retry_attempts_total{attempt_number="1"}[5m])) > 0.1
+//!   for: 10m
+//! - alert: CircuitOpen                # the breaker has been refusing calls for a minute
+//!   expr: max by (dependency) (circuit_breaker_state) >= 2
+//!   for: 1m
+//! ```
 
 use std::sync::OnceLock;
 

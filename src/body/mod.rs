@@ -8,10 +8,10 @@
 //! [`ReplayBody`] wraps such a body. The first attempt streams it as usual while each
 //! frame's `Bytes` is kept (a reference-counted handle, not a copy) together with any
 //! trailers. A retry then sends the same frames again from memory. There is a hard cap
-//! on what is kept ([64 KiB] by default): past it the buffer is dropped and that request
-//! is simply not retried. The same happens when the response arrives before the body
-//! was completely sent, since the rest of the body was never read. The first attempt is
-//! never failed or altered by any of this.
+//! on what is kept ([64 KiB](DEFAULT_MAX_REPLAY_BYTES) by default): past it the buffer
+//! is dropped and that request is simply not retried. The same happens when the response
+//! arrives before the body was completely sent, since the rest of the body was never
+//! read. The first attempt is never failed or altered by any of this.
 //!
 //! A body the first attempt never read at all (its connection was refused, or the
 //! request was handed back unwritten) is not lost with it: the attempt's copy hands the
@@ -19,8 +19,11 @@
 //!
 //! The price: with `replay_bodies()` each request allocates one shared buffer (an
 //! `Arc`), the body's box and an extension entry, and each frame of the first attempt
-//! takes an uncontended lock to be kept. Bodies that are `Clone` need none of it under the plain
-//! [`RetryLayer`](crate::RetryLayer).
+//! takes an uncontended lock to be kept. Bodies that are `Clone` need none of it under
+//! the plain [`RetryLayer`](crate::RetryLayer).
+//!
+//! The stack for tonic, whose `Channel` takes its own body type, is under *gRPC and
+//! tonic* in the [`retry`](crate::retry#grpc-and-tonic) module.
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};

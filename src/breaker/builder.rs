@@ -23,14 +23,24 @@ use super::{Callback, CircuitBreaker, CircuitState, Shared, Transition};
 /// use stormguard::classify::StatusSet;
 /// use stormguard::CircuitBreaker;
 ///
+/// // Every knob at its default but the last two; docs/defaults.md in the repository has
+/// // the measurements behind each.
 /// let breaker = CircuitBreaker::builder()
-///     .window(Duration::from_secs(10))
-///     .min_throughput(50)
-///     .failure_ratio(0.25)
-///     .consecutive_failures(5)
-///     .break_duration(Duration::from_secs(1))
-///     .max_break_duration(Duration::from_secs(30))
+///     // Longer only for a client too quiet to finish `min_throughput` calls in it.
+///     .window(Duration::from_secs(2))
+///     .min_throughput(20)
+///     // Lower trips on partial outages whose retries would have served (0.5 served
+///     // less than no retries at 60% failures).
+///     .failure_ratio(0.95)
+///     // Lower trips on a 90% partial outage (50 in a row did).
+///     .consecutive_failures(100)
+///     // Longer only where a probe is expensive: the client is blind for the break.
+///     .break_duration(Duration::from_millis(25))
+///     .max_break_duration(Duration::from_millis(25))
+///     // More probes close sooner behind a load balancer of several replicas.
 ///     .probes(3)
+///     // A 501 says the caller asked for what does not exist, not that the dependency
+///     // is unwell.
 ///     .failure_statuses(StatusSet::breaker_default().without(StatusCode::NOT_IMPLEMENTED))
 ///     .build()?;
 /// assert_eq!(breaker.config().probes(), 3);
@@ -158,7 +168,7 @@ impl CircuitBreakerBuilder {
     }
 
     /// Whether `poll_ready` waits (returns `Pending`) while the circuit refuses calls,
-    /// instead of letting `call` fail fast with [`CircuitOpen`] (default `false`).
+    /// instead of letting `call` fail fast with [`CircuitOpen`](super::CircuitOpen) (default `false`).
     pub fn wait_when_open(mut self, wait: bool) -> Self {
         self.wait_when_open = wait;
         self

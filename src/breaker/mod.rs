@@ -3,36 +3,105 @@
 //!
 //! Retries help with blips. When a dependency is down or overloaded, though, every call
 //! and every retry adds to its load while each caller waits out its timeout for nothing.
-//! A circuit breaker counts the outcomes of recent calls and, once too many fail, *opens*:
-//! for a break (25 ms by default, with a little jitter; doubling after each failed
-//! recovery when a longer `max_break_duration` is set), calls fail at once with
-//! [`CircuitOpen`] without reaching the dependency. By default it opens after 100 failures
-//! in a row, or when 95% of the calls of the last 2 s failed: a dependency that is down,
-//! not one that fails some requests (shedding those would lose the ones that succeed).
-//! [`stormguard_core::breaker`] says why these defaults, with the measurements. When the break is over the circuit is *half-open*: exactly `probes` calls
-//! (1 by default) go through, across every clone of the service; if they succeed the
-//! circuit *closes* and traffic resumes, if one fails it opens again for a longer break.
-//! The rules live in [`stormguard_core::breaker`], a state machine with time passed in;
-//! this module drives it from a Tower service with tokio's clock (so paused time in
-//! tests works).
+//! A circuit breaker counts the outcomes of recent calls and, once too many fail,
+//! *opens*: for a break, calls fail at once with [`CircuitOpen`] without reaching the
+//! dependency. By default it opens after `consecutive_failures` (100) failures in a row,
+//! or when, over its window (2 s, in 10 buckets), at least `min_throughput` (20) calls
+//! were made and at least `failure_ratio` (0.95) of them failed: a dependency that is
+//! down, not one that fails some requests (shedding those would lose the ones that
+//! succeed). The break is 25 ms by default, plus up to 20% jitter so that a fleet's
+//! breakers do not probe in lockstep; doubled on each failed probe up to
+//! `max_break_duration` when that is set above it. [`stormguard_core::breaker`] says why
+//! these defaults, with the measurements; the example under *Where it goes in the stack*
+//! says when to turn each. When the break is over the circuit is *half-open*: exactly
+//! `probes` calls (1 by default) go through, across every clone of the service, however
+//! many callers race for them; a dropped probe frees its slot, and a probe whose service
+//! panics, in `call` or in its future, gives its slot back as it unwinds. If the probes
+//! succeed the circuit *closes* and traffic resumes; if one fails it opens again. The
+//! rules live in [`stormguard_core::breaker`], a state machine with time passed in; this
+//! module drives it from a Tower service with tokio's clock (so paused time in tests
+//! works).
 //!
 //! # Where it goes in the stack
 //!
-//! ```text
-//! RetryLayer            one retry point, outermost
-//!   CircuitBreakerLayer counts every attempt, fails fast while open
-//!     timeout           per attempt, so a hung call counts as a failure
-//!       client
+//! ```rust
+//! use std::time::Duration;
+//!
+//! use bytes::Bytes;
+//! use http_body_util::Full;
+//! use hyper_util::client::legacy::Client;
+//! use hyper_util::rt::TokioExecutor;
+//! use stormguard::{CircuitBreaker, CircuitBreakerLayer, CircuitOpen, RetryLayer, RetryPolicy};
+//! use tower::{BoxError, ServiceBuilder, ServiceExt};
+//!
+//! async fn fetch(url: &str, breaker: &CircuitBreaker) -> Result<http::StatusCode, BoxError> {
+//!     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+//!     let svc = ServiceBuilder::new()
+//!         // Total, for the caller: what the caller can wait. Put a `Deadline` of the same
+//!         // length in the request so that no retry is scheduled past it.
+//!         .timeout(Duration::from_secs(10))
+//!         .layer(RetryLayer::new(RetryPolicy::default()))     // one retry point
+//!         .layer(CircuitBreakerLayer::new(breaker.clone()))   // fails fast while open
+//!         // Per attempt: set it above the dependency's slowest healthy answer; a hung call
+//!         // then ends as a timeout, which the breaker counts as a failure.
+//!         .timeout(Duration::from_secs(2))
+//!         .service(client);
+//!
+//!     match svc.oneshot(http::Request::get(url).body(Full::default())?).await {
+//!         Ok(response) => Ok(response.status()),
+//!         // Shed at once while the dependency is down: never retried, never queued.
+//!         Err(err) if err.is::<CircuitOpen>() => Ok(http::StatusCode::SERVICE_UNAVAILABLE),
+//!         Err(err) => Err(err),
+//!     }
+//! }
+//!
+//! fn breaker() -> Result<CircuitBreaker, stormguard::ConfigError> {
+//!     // The defaults, the same breaker as `CircuitBreaker::default()`. Each was measured
+//!     // against the old 50% over 30 s with 5 s breaks, which turned a 5 s outage into an
+//!     // 8 s one and shed requests that would have succeeded.
+//!     CircuitBreaker::builder()
+//!         // Trips on a total outage within about 0.2 s, and practically never on random
+//!         // 90% failures (0.9^100 is about 3e-5). Do not lower it: 50 in a row (or 80%)
+//!         // tripped on a 90% partial outage and served less than no retries.
+//!         .consecutive_failures(100)
+//!         // The backstop for clients too slow to see 100 failures in a row; keep it high:
+//!         // at 0.5 a breaker sheds the first tries of a 60% partial outage, which succeed
+//!         // 40% of the time, and serves less than not retrying.
+//!         .failure_ratio(0.95)
+//!         // Keep it short: a 30 s window full of healthy calls opened 2.4 s into an outage,
+//!         // and a shared one never (10 s of failures never reach half of 30 s).
+//!         .window(Duration::from_secs(2))
+//!         // Calls the window needs before the ratio counts. A client slower than that never
+//!         // trips on the ratio, and need not: its budget alone held a fleet of them to 1.22x
+//!         // through the storm example's outage, with immediate recovery.
+//!         .min_throughput(20)
+//!         // How long the client stays blind to the dependency's return: 25 ms closes within
+//!         // 30 ms of it, for 35-40 probes a second per breaker during an outage. Raise it
+//!         // (and `max_break_duration`) only where probes are expensive: 5 s breaks doubling
+//!         // to 60 s outlasted a 5 s outage by about 3 s, and 1 s doubling to 10 s closed 8 s late.
+//!         .break_duration(Duration::from_millis(25))
+//!         .build()
+//! }
 //! ```
 //!
-//! - **Below the retry layer.** Every attempt passes through the breaker, so a failing
-//!   dependency trips it sooner instead of having its failures hidden by retries, and a
-//!   [`CircuitOpen`] error is something the retry layer does not retry: it goes straight
-//!   back to the caller instead of queueing retries behind an open circuit. There is one
-//!   retry point, at the top; stacking retries below the breaker multiplies the load.
+//! - **Below the retry layer.** The retry layer is outermost so that a request has one
+//!   retry point: retries nested at several layers multiply (three layers of three
+//!   attempts is 27 requests at the bottom). Every attempt passes through the breaker, so
+//!   a failing dependency trips it sooner instead of having its failures hidden by
+//!   retries, and while the circuit is open each attempt fails at once with
+//!   [`CircuitOpen`]: an outage costs the dependency nothing. The retry layer retries a
+//!   `CircuitOpen` only when its break ends before the backoff's next wait would anyway
+//!   (the default 25 ms breaks, against waits of up to 200 ms and 400 ms), and then after
+//!   that wait: the circuit admits its probe meanwhile, so the retry adds no load, and a
+//!   short blip's requests are not lost to the breaker. A longer break fails at once,
+//!   straight back to the caller instead of queueing retries behind an open circuit.
 //! - **Above the per-attempt timeout.** A timeout is an error from the inner service and
-//!   counts as a failure. Were the timeout outside the breaker, a hung call would simply
-//!   be dropped, and a dropped call counts as nothing (its probe slot is given back).
+//!   counts as a failure, which the retry layer may retry. Were the timeout outside the
+//!   breaker, a hung call would simply be dropped, and a dropped call counts as nothing
+//!   (its probe slot is given back).
+//! - **Inside the total timeout.** A timeout outside everything bounds what the caller
+//!   waits in all; the [`Deadline`](crate::Deadline) beside it is under *Deadlines* in
+//!   [`retry`](crate::retry#deadlines).
 //!
 //! # What counts as a failure
 //!
@@ -61,12 +130,11 @@
 //! use stormguard::{CircuitBreaker, CircuitBreakerLayer, CircuitOpen, CircuitState};
 //! use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
 //!
-//! # #[tokio::main(flavor = "current_thread")]
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//! // The defaults: open at 95% failures of at least 20 calls over 2 s (or 100 in a
+//! // row), for breaks of 25 ms.
 //! let breaker = CircuitBreaker::builder()
-//!     .min_throughput(5)
-//!     .failure_ratio(0.5)
-//!     .break_duration(Duration::from_secs(5))
 //!     .on_transition(|t| println!("circuit {} -> {}", t.from, t.to))
 //!     .build()?;
 //!
@@ -78,13 +146,13 @@
 //!         Ok::<_, Infallible>(response)
 //!     }));
 //!
-//! for _ in 0..5 {
+//! for _ in 0..20 {
 //!     let response = svc.ready().await?.call(Request::new(())).await?;
 //!     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
 //! }
 //! assert_eq!(breaker.state(), CircuitState::Open);
 //!
-//! // The sixth call fails fast, without reaching the service.
+//! // The next call fails fast, without reaching the service.
 //! let err = svc.ready().await?.call(Request::new(())).await.unwrap_err();
 //! let open = err.downcast_ref::<CircuitOpen>().expect("the circuit is open");
 //! assert!(open.remaining() > Duration::ZERO);
@@ -93,16 +161,19 @@
 //! # }
 //! ```
 //!
-//! # Waiting instead of failing fast
+//! # Failing fast, or waiting
 //!
-//! By default an open circuit fails calls at once. With
+//! While the circuit refuses calls, `poll_ready` is ready at once without asking the
+//! inner service, and `call` fails with [`CircuitOpen`] (tower's `LoadShed` pattern), so
+//! callers never queue for the capacity of a dependency already considered down (a full
+//! `Buffer`, a tonic `Channel` at its limit). With
 //! [`wait_when_open(true)`](CircuitBreakerBuilder::wait_when_open), `poll_ready` instead
 //! returns `Pending` while the circuit is open (until the break is over), isolated
 //! (until [`reset`](CircuitBreaker::reset)) or half-open with every probe slot taken
 //! (until a probe finishes). That suits a worker pulling from a queue, which would
-//! rather pause than burn through its messages; put a load-shed or timeout layer above
-//! it if callers must not wait. A call can still be rejected if another caller took the
-//! last probe slot between `poll_ready` and `call`.
+//! rather pause than burn through its messages, and a breaker under a load balancer; put
+//! a load-shed or timeout layer above it if callers must not wait. A call can still be
+//! rejected if another caller took the last probe slot between `poll_ready` and `call`.
 //!
 //! # Observing it
 //!
@@ -110,7 +181,9 @@
 //! `from` and `to` (`warn` when the circuit opens or is isolated, `info` otherwise), is
 //! passed to the [`on_transition`](CircuitBreakerBuilder::on_transition) callback, and
 //! updates the receivers of [`subscribe`](CircuitBreaker::subscribe).
-//! [`stats`](CircuitBreaker::stats) counts calls, failures, rejections and transitions.
+//! [`stats`](CircuitBreaker::stats) counts calls, failures, rejections and transitions,
+//! and an operator can force the circuit open with [`isolate`](CircuitBreaker::isolate)
+//! or closed with [`reset`](CircuitBreaker::reset).
 //! The Open to HalfOpen transition happens lazily: [`state`](CircuitBreaker::state)
 //! reports `HalfOpen` as soon as the break is over, but the event is emitted when the
 //! next call arrives.
@@ -149,8 +222,9 @@ fn now() -> Instant {
 /// The error returned, boxed in a [`BoxError`], for a call the circuit breaker refused
 /// without calling the inner service.
 ///
-/// Find it with `err.downcast_ref::<CircuitOpen>()`. The retry layer treats it as "do
-/// not retry".
+/// Find it with `err.downcast_ref::<CircuitOpen>()`. The retry layer gives up on it
+/// (`GiveUp::CircuitOpen`) unless the break ends before the backoff's next wait, which it
+/// then waits out.
 ///
 /// ```
 /// use std::time::Duration;

@@ -14,8 +14,8 @@ use crate::BoxError;
 use super::future::{Guard, ResponseFuture};
 use super::{now, CircuitBreaker, CircuitState};
 
-/// The service made by [`CircuitBreakerLayer`]: calls the inner service while the
-/// circuit lets it, and fails fast with [`CircuitOpen`] otherwise.
+/// The service made by [`CircuitBreakerLayer`](super::CircuitBreakerLayer): calls the inner service while the
+/// circuit lets it, and fails fast with [`CircuitOpen`](super::CircuitOpen) otherwise.
 ///
 /// # Clone
 ///
@@ -136,10 +136,10 @@ where
     type Future = ResponseFuture<S::Future>;
 
     /// Fail-fast mode (the default): ready at once, without asking the inner service,
-    /// while the circuit refuses calls, so that `call` fails with [`CircuitOpen`]
+    /// while the circuit refuses calls, so that `call` fails with [`CircuitOpen`](super::CircuitOpen)
     /// instead of waiting for the capacity of a dependency already considered down (as
     /// tower's `LoadShed` does). Otherwise, or with
-    /// [`wait_when_open`](CircuitBreakerBuilder::wait_when_open), the inner service's
+    /// [`wait_when_open`](super::CircuitBreakerBuilder::wait_when_open), the inner service's
     /// readiness.
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner_ready = false;

@@ -7,33 +7,45 @@
 //! dependency's parts ready for a `ServiceBuilder`: its retry policy, its one shared
 //! budget, its breaker and its hedge policy.
 //!
-//! The file's shape, every key and its default are in
-//! [`stormguard_core::config`]; `examples/stormguard.toml` is a documented example.
-//! Errors name the path and the rule:
-//! `dependencies.payments.retry.max_attempts: 0 is not in 1..=100`.
+//! The file's shape, every key and its default are in [`stormguard_core::config`], and
+//! `examples/stormguard.toml` in the repository documents each of them. A key the reader
+//! does not know is an error, so a typo never leaves a default in place silently, and
+//! every error names the path and the rule (the end of the example below shows one). A
+//! few of the keys:
 //!
+//! ```toml
+//! # Each value shown is its default [in brackets]; the comments say when to change it.
+//! [dependencies.payments.retry]
+//! max_attempts = 3                             # [3] more (or a larger base) rides out longer
+//!                                              # blips; the budget still bounds what they spend
+//! backoff = { base = "200ms", cap = "20s" }    # [200ms, 20s] durations: "250us", "200ms", "1.5s", "2m"
+//!
+//! [dependencies.payments.breaker]              # the breaker is on unless `enabled = false`
+//! consecutive_failures = 100                   # [100] 50 tripped on a 90% partial outage and
+//!                                              # served less than no retries: do not lower it
+//!
+//! [dependencies.search.hedging]                # hedging is off unless the section is there
+//! percentile = 0.95                            # [0.95] lower hedges more requests, at more load
 //! ```
+//!
+//! ```rust
+//! # #[cfg(feature = "serde")]
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), stormguard::BoxError> {
 //! use std::time::Duration;
 //! use bytes::Bytes;
 //! use http_body_util::Full;
-//! use stormguard::{CircuitBreakerLayer, Config, RetryLayer};
+//! use stormguard::{CircuitBreakerLayer, Config, HedgeLayer, RetryLayer};
 //! use tower::{service_fn, ServiceBuilder, ServiceExt};
 //!
-//! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() -> Result<(), stormguard::BoxError> {
-//! let config = Config::from_toml(r#"
-//!     [dependencies.payments.retry]
-//!     max_attempts = 2
-//!     backoff = { base = "50ms", cap = "2s" }
-//!
-//!     [dependencies.payments.breaker]
-//!     consecutive_failures = 20
-//! "#)?;
+//! let config = Config::from_toml(include_str!("../../examples/stormguard.toml"))?;
 //! let payments = config.dependency("payments")?;
-//!
 //! let client = ServiceBuilder::new()
 //!     .layer(RetryLayer::new(payments.retry))
+//!     .option_layer(payments.hedge.map(HedgeLayer::new))
 //!     .option_layer(payments.breaker.map(CircuitBreakerLayer::new))
+//!     // Per attempt: set it above the dependency's slowest healthy answer; a timed-out
+//!     // attempt is charged two wasted retries.
 //!     .timeout(Duration::from_secs(2))
 //!     .service(service_fn(|_req: http::Request<Full<Bytes>>| async {
 //!         Ok::<_, stormguard::BoxError>(http::Response::new(String::from("paid")))
@@ -41,8 +53,13 @@
 //!
 //! let response = client.oneshot(http::Request::new(Full::from("order 7"))).await?;
 //! assert_eq!(response.into_body(), "paid");
+//!
+//! let err = Config::from_toml("[dependencies.payments.retry]\nmax_attempts = 0").unwrap_err();
+//! assert_eq!(err.to_string(), "dependencies.payments.retry.max_attempts: 0 is not in 1..=100");
 //! # Ok(())
 //! # }
+//! # #[cfg(not(feature = "serde"))]
+//! # fn main() {}
 //! ```
 //!
 //! # One budget per dependency
@@ -51,7 +68,8 @@
 //! clones, which share their state. However many clients are built for `payments`,
 //! their retries draw from one budget, one breaker counts their calls and one set of
 //! counters (and metrics, under the dependency's name) reports them. Read the file
-//! once per process and keep the `Config`.
+//! once per process and keep the `Config`. A `[defaults]` table of the same shape is laid
+//! under every dependency.
 //!
 //! # gRPC service configs
 //!
@@ -59,12 +77,68 @@
 //! `"default"`: each call's `methodConfig` is found by its `:path`
 //! (`/package.Service/Method`, then the service's entry, then the `{}` entry); a
 //! `retryPolicy` bounds its retries, a `hedgingPolicy` makes the dependency's
-//! [`hedge`](Dependency::hedge) hedge it, a method with neither is not retried, and
-//! `retryThrottling` throttles every retry as A6 does, on top of the budget. A6's
-//! validation rules apply (`maxAttempts` at least 2 and read as 5 above it, backoffs
-//! greater than zero, a non-empty list of codes); fields this crate does not use
-//! (`loadBalancingConfig`, `timeout`, `waitForReady`, ...) are ignored, as gRPC ignores
-//! fields it does not know.
+//! [`hedge`](Dependency::hedge) hedge it, a method with neither (or with no entry at all)
+//! is not retried, and `retryThrottling` throttles every retry as A6 does, on top of the
+//! budget. The lookup happens only when a call fails. The backoff is A6's,
+//! `U[0, min(initialBackoff × backoffMultiplier^n, maxBackoff))`
+//! ([`Backoff::with_multiplier`](crate::Backoff::with_multiplier)). A6's validation rules
+//! apply (`maxAttempts` at least 2 and read as 5 above it, backoffs greater than zero, a
+//! non-empty list of codes, never both policies on one method); fields this crate does
+//! not use (`loadBalancingConfig`, `timeout`, `waitForReady`, ...) are ignored, as gRPC
+//! ignores fields it does not know.
+//!
+//! In a TOML file, a dependency's `grpc_service_config` key takes the same JSON (as text,
+//! or as TOML tables), next to its own budget and breaker sections; its requests that are
+//! not gRPC keep the dependency's `retry` settings.
+//!
+//! # The example, and the simulator
+//!
+//! `cargo run --example config --features serde` reads `examples/stormguard.toml` and the
+//! A6 service config in `examples/grpc_service_config.json` (both in the repository), then
+//! drives the `payments` stack against a server on 127.0.0.1 that fails its first 30
+//! requests. On commit 062978c it printed:
+//!
+//! ```text
+//! examples/stormguard.toml:
+//! | dependency | retry budget | breaker | hedging |
+//! |---|---|---|---|
+//! | cache | 10% of requests over 10s | off | off |
+//! | inventory | 10% of requests over 10s | opens at 100 failures in a row or 95% of 2s, breaks 25ms to 25ms | off |
+//! | payments | 10% of requests over 10s | opens at 100 failures in a row or 95% of 2s, breaks 25ms to 25ms | off |
+//! | search | 20% of requests over 10s | opens at 100 failures in a row or 95% of 2s, breaks 25ms to 25ms | 2 copies |
+//! | users | 10% of requests over 10s | opens at 100 failures in a row or 95% of 2s, breaks 25ms to 25ms | off |
+//!
+//! examples/grpc_service_config.json, each call's method config:
+//!   /grpc.testing.TestService/UnaryCall        retry: 4 attempts, backoff 100ms to 1s x2
+//!   /grpc.testing.TestService/StreamingCall    sent once
+//!   /grpc.testing.TestService/UnaryCallHedged  hedge: 4 copies, 500ms apart
+//!   /other.Service/Call                        sent once
+//!
+//! payments: 200 requests, the server failing its first 30: 154 ok, 5 retries, 40 refused by the budget, breaker closed at the end (21 calls refused)
+//! ```
+//!
+//! The simulator reads the same file:
+//! `stormguard-sim fleet --config FILE [--dependency NAME]` adds a row per dependency next
+//! to `none` and the library defaults (docs/simulator.md in the repository describes the
+//! simulator).
+//! `cargo run --release -p stormguard-sim -- fleet --config examples/stormguard.toml`
+//! (1000 clients, total outage 20–30 s; hedging and per-method settings are not
+//! simulated, and a dependency's `retry_throttling` is simulated as its budget alone)
+//! printed, on the same commit:
+//!
+//! ```text
+//! fleet: 1000 clients (per-client budgets/breakers), 1000 req/s for 60 s, capacity 1500 req/s (queue 750), timeout 1s; Outage from 20 s for 10 s
+//!
+//! strategy               offered   attempts amp window amp total  ok window  ok after  recovery     events/s  wall s
+//! none                     60198      60198       1.00      1.00       0.0%    100.0%       0 s       1.32e7    0.01
+//! stormguard+breaker       60198      63275       1.30      1.05       0.1%    100.0%       0 s       6.85e6    0.03
+//! config:cache             60198      63275       1.30      1.05       0.1%    100.0%       0 s       9.49e6    0.02
+//! config:inventory         60198      63275       1.30      1.05       0.1%    100.0%       0 s       8.11e6    0.02
+//! config:payments          60198      62540       1.23      1.04       0.0%    100.0%       0 s       8.11e6    0.02
+//! config:search            60198      65159       1.49      1.08       0.2%    100.0%       0 s       7.90e6    0.02
+//! config:users             60198      63275       1.30      1.05       0.1%    100.0%       0 s       8.08e6    0.02
+//! peak requests in flight: 303
+//! ```
 
 use std::collections::BTreeMap;
 use std::fmt;

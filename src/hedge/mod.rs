@@ -4,8 +4,9 @@
 //! cache, a slow replica. A retry does not help there, because nothing failed; the
 //! caller just waits. A *hedge* is a second copy of the request, sent when the first
 //! has taken longer than most requests do; whichever answers first is used and the
-//! other is cancelled. A server where 5% of requests take 300 ms then has a p99 of a
-//! few milliseconds, for about 5% more requests (see the README's "Hedging" table).
+//! other is cancelled. A server where 5% of requests take 300 ms then has a p99 near
+//! 17 ms instead of 300 ms, for about 6% more requests (see *Measured against
+//! `tower::hedge`* below).
 //!
 //! # What is hedged, and when
 //!
@@ -48,7 +49,7 @@
 //!   `Retry-After` on a 429 or 503: the server asked clients to slow down;
 //! - an attempt failed with [`CircuitOpen`](crate::CircuitOpen) from a breaker below;
 //! - the budget refuses a hedge;
-//! - the request body cannot be replayed (below).
+//! - the request body cannot be replayed (see *Bodies*).
 //!
 //! # Bodies
 //!
@@ -104,14 +105,25 @@
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), stormguard::BoxError> {
 //! let retry = RetryPolicy::builder().budget(RetryBudget::default()).build()?;
-//! let hedge = HedgePolicy::builder().percentile(0.95).share_retry_budget(&retry).build()?;
+//! let hedge = HedgePolicy::builder()
+//!     // The default (or a fixed `.delay(Duration::from_millis(20))`); a lower percentile
+//!     // hedges more requests, at more load.
+//!     .percentile(0.95)
+//!     // The default, the original included. More copies (up to 5) shorten the p99.9 (a
+//!     // request whose hedge is also slow), at more load.
+//!     .max_attempts(2)
+//!     .share_retry_budget(&retry)
+//!     .build()?;
 //! let breaker = CircuitBreaker::default();
 //!
 //! let client = ServiceBuilder::new()
 //!     .layer(RetryLayer::new(retry))
 //!     .layer(HedgeLayer::new(hedge.clone()))
 //!     .layer(CircuitBreakerLayer::new(breaker))
+//!     // Per copy: set it above the dependency's slowest healthy answer; a hung copy is
+//!     // then a non-fatal failure that sends the next one.
 //!     .timeout(Duration::from_secs(2))
+//!     // A real client here: hyper's, say, with `http2_only(true)` (see "Who wins").
 //!     .service(service_fn(|_req: http::Request<Full<Bytes>>| async {
 //!         Ok::<_, stormguard::BoxError>(http::Response::new(String::from("hello")))
 //!     }));
@@ -129,6 +141,48 @@
 //! cancelled, hedges the budget refused and hedges not sent because the server, a
 //! breaker or the body said not to. Each hedge sent, won or refused is a `tracing`
 //! event at debug level on target `stormguard::hedge`.
+//!
+//! # Measured against `tower::hedge`
+//!
+//! `cargo run --release --example hedging` starts a hyper server (HTTP/2) on 127.0.0.1
+//! where a seeded 5% of requests take 300 ms and the rest 2-5 ms, and sends 10,000 GETs at
+//! 1,000/s (open loop) through no hedging, `tower::hedge` (p95, 1 s histogram rotation,
+//! behind a `Buffer` since it is not `Clone`) and stormguard's `HedgePolicy::default()`;
+//! then 5,000 GETs to a server answering 503 to everything. Latencies are from each
+//! request's scheduled send time; `extra_load` is server requests beyond one per request,
+//! per request. A run on a 2-core machine, for commit 1474e89 (on the code of its parent,
+//! 301fa6d), printed:
+//!
+//! ```text
+//! hedging: 10000 GETs at 1000/s per strategy; server: 5% take 300 ms, the rest 2-5 ms (seed 1)
+//! strategy     requests   p50 ms   p99 ms  p99.9 ms    >200 ms  extra_load  hedges  errors
+//! none            10000      6.4    303.7     305.2        498       0.000       -       0
+//! tower_hedge     10000      6.7     18.1     304.1         68       0.050       -       0
+//! stormguard      10000      6.4     16.7     302.4         20       0.064     637       0
+//!
+//! then 5000 GETs at 1000/s per strategy; server: every request a 503 after 2-5 ms (stormguard: fixed 10 ms delay)
+//! strategy     requests   p50 ms   p99 ms  p99.9 ms    >200 ms  extra_load  hedges  errors
+//! none             5000      5.6      8.5      10.0          0       0.000       -       0
+//! tower_hedge      5000      5.9      8.7      10.4          0       0.007       -       0
+//! stormguard       5000      6.4     14.2      16.1          0       0.100     501       0
+//! budget share: 0.1 + 1 / 5000 requests = 0.100
+//! ```
+//!
+//! stormguard's p99 is 0.05x the unhedged one for 6.4% more load. `tower::hedge` does as
+//! well on this server's p99, for a little less load: the difference is not the tail of a
+//! healthy server but what happens around it. stormguard hedges only requests that are
+//! safe to repeat, never beyond its budget; a fast failure does not beat a slower success
+//! (tower's first completion wins, errors included); and it stops hedging when a server
+//! pushes back or a breaker opens. The p99.9 of both stays near 300 ms because with one
+//! hedge a request whose hedge is also slow (5% of 5%, 0.25%) still waits; more copies
+//! (`max_attempts`, up to 5) address that, at more load. When everything fails, the
+//! non-fatal 503s send hedges at once, and the budget holds them to its share, 10% plus
+//! its allowance (one retry); hedges are charged when sent, whatever becomes of them.
+//! `tower::hedge` sends few hedges there because it hedges on latency, not on failures;
+//! but only its percentile bounds its load: when latencies jump, every request slower
+//! than the previous period's p95 is hedged until its histogram catches up. `--quick`
+//! runs a short version, `--json` prints the rows (`strategy`, `p50_ms`, `p99_ms`,
+//! `p999_ms`, `extra_load`, with `scenario`).
 
 pub mod future;
 mod layer;

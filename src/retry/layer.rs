@@ -20,7 +20,8 @@ pub struct ReplayBodies;
 /// Retries requests by a [`RetryPolicy`]: `.layer(RetryLayer::new(policy))`.
 ///
 /// Put it outermost in a client stack, so that there is one retry point: above the
-/// circuit breaker (whose fail-fast errors it never retries) and above the per-attempt
+/// circuit breaker (whose fail-fast errors it retries only when the break ends before its
+/// next backoff wait would anyway) and above the per-attempt
 /// timeout (so a stalled attempt becomes a retry).
 ///
 /// `RetryLayer::new` makes [`Retry`] services, which clone each request

@@ -32,7 +32,7 @@ use super::{Attempts, GRPC_TIMEOUT, GRPC_TRANSPARENT_RETRY_ATTEMPTS};
 ///
 /// Clones share the configuration, the budget and the counters (an `Arc`); each
 /// request's attempt count and random stream are its own. tower's own `Retry` clones
-/// the policy for every request; stormguard's [`Retry`] makes a request its copy only
+/// the policy for every request; stormguard's [`Retry`](super::Retry) makes a request its copy only
 /// when its first attempt is not a plain success.
 ///
 /// ```

@@ -12,8 +12,8 @@ use stormguard_core::{Backoff, Class, RetryBudget};
 use super::policy::Limits;
 use super::NoRetry;
 
-/// Counters of what a [`RetryPolicy`] (and all its clones) did, read with
-/// [`RetryPolicy::stats`].
+/// Counters of what a [`RetryPolicy`](super::RetryPolicy) (and all its clones) did, read with
+/// [`RetryPolicy::stats`](super::RetryPolicy::stats).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct RetryStats {

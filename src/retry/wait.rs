@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::time::Sleep;
 
-/// The wait before a retry: the [`tower::retry::Policy::Future`] of [`RetryPolicy`].
+/// The wait before a retry: the [`tower::retry::Policy::Future`] of [`RetryPolicy`](super::RetryPolicy).
 ///
 /// A backoff or server-requested delay on tokio's clock, or no wait at all for a
 /// transparent retry.

@@ -15,11 +15,14 @@ const MAX_PROBES: u32 = u16::MAX as u32;
 /// use stormguard_core::breaker::BreakerConfig;
 ///
 /// let config = BreakerConfig::builder()
-///     .window(Duration::from_secs(10))
-///     .consecutive_failures(5)
-///     .break_duration(Duration::from_secs(2))
+///     // Longer only for a client too quiet to finish `min_throughput` calls in 2 s.
+///     .window(Duration::from_secs(2))
+///     // `None` leaves the ratio alone to trip it; lower trips on partial outages.
+///     .consecutive_failures(100)
+///     // Longer only where a probe is expensive: the client is blind for the break.
+///     .break_duration(Duration::from_millis(25))
 ///     .build()?;
-/// assert_eq!(config.consecutive_failures(), Some(5));
+/// assert_eq!(config, BreakerConfig::default());
 /// assert_eq!(config.probes(), 1);
 ///
 /// let err = BreakerConfig::builder().failure_ratio(1.5).build().unwrap_err();

@@ -24,7 +24,7 @@ struct Breaks {
     retrips: u32,
 }
 
-/// The circuit-breaker state machine. See the [module docs](self) for the rules.
+/// The circuit-breaker state machine. See the [module docs](crate::breaker) for the rules.
 ///
 /// All methods take `&self`; share a `Breaker` between threads in an `Arc`.
 /// [`try_acquire`](Self::try_acquire) and [`record`](Self::record) are O(1); in the

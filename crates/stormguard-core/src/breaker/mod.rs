@@ -71,25 +71,22 @@
 //! use std::time::{Duration, Instant};
 //! use stormguard_core::breaker::{Breaker, BreakerConfig, CircuitState, Outcome};
 //!
-//! let config = BreakerConfig::builder()
-//!     .min_throughput(4)
-//!     .failure_ratio(0.5)
-//!     .break_duration(Duration::from_secs(5))
-//!     .jitter(0.0)
-//!     .build()?;
+//! // The defaults (95% of at least 20 calls over 2 s, or 100 in a row; 25 ms breaks),
+//! // without the break's jitter so that the times below are exact.
+//! let config = BreakerConfig::builder().jitter(0.0).build()?;
 //! let breaker = Breaker::new(config);
 //! let t0 = Instant::now();
 //!
-//! for outcome in [Outcome::Success, Outcome::Failure, Outcome::Success, Outcome::Failure] {
+//! for _ in 0..20 {
 //!     let permit = breaker.try_acquire(t0).expect("closed");
-//!     breaker.record(permit, outcome, t0);
+//!     breaker.record(permit, Outcome::Failure, t0);
 //! }
 //! assert_eq!(breaker.state(t0), CircuitState::Open);
-//! let rejected = breaker.try_acquire(t0 + Duration::from_secs(1)).unwrap_err();
-//! assert_eq!(rejected.remaining, Duration::from_secs(4));
+//! let rejected = breaker.try_acquire(t0 + Duration::from_millis(10)).unwrap_err();
+//! assert_eq!(rejected.remaining, Duration::from_millis(15));
 //!
 //! // After the break, one probe goes through; its success closes the circuit.
-//! let later = t0 + Duration::from_secs(5);
+//! let later = t0 + Duration::from_millis(25);
 //! let probe = breaker.try_acquire(later).expect("probe");
 //! assert!(probe.is_probe());
 //! assert!(breaker.try_acquire(later).is_err(), "only one probe at a time");
