@@ -13,7 +13,7 @@
 //! | hyper-util connect error, tonic's `ConnectError`, `io::ErrorKind::ConnectionRefused` | the request never reached the application, but the dependency may be down: an ordinary retry, for any method |
 //! | `tower::timeout::error::Elapsed`, connection reset or aborted, broken pipe, `io::ErrorKind::TimedOut`, hyper's closed, incomplete or timed-out connections, other h2 stream resets | the request may have been processed: retry idempotent requests only |
 //! | hyper's user errors (the request's own body failed or was cut short; not its "dispatch task is gone", which is looked into), a body that could not be replayed ([`NotReplayable`](crate::NotReplayable)) | the caller's doing, not the dependency's: not retried, and not a breaker failure |
-//! | [`CircuitOpen`](crate::CircuitOpen) | a breaker failed fast: never retried |
+//! | [`CircuitOpen`](crate::circuit_open::CircuitOpen) | a breaker failed fast: never retried |
 //! | anything else | not known to be transient: not retried |
 //!
 //! The hyper, hyper-util, h2 and tonic types are recognised with the features of those
@@ -98,11 +98,11 @@ pub(crate) fn classify_error<E: 'static>(err: &E) -> ErrorClass {
     }
 }
 
-/// The break left of a [`CircuitOpen`](crate::CircuitOpen) in `err`'s source chain.
+/// The break left of a [`CircuitOpen`](crate::circuit_open::CircuitOpen) in `err`'s source chain.
 pub(crate) fn circuit_open_remaining<E: 'static>(err: &E) -> Option<std::time::Duration> {
     sources(as_std_error(err)?)
-        .find_map(|err| err.downcast_ref::<crate::CircuitOpen>())
-        .map(crate::CircuitOpen::remaining)
+        .find_map(|err| err.downcast_ref::<crate::circuit_open::CircuitOpen>())
+        .map(crate::circuit_open::CircuitOpen::remaining)
 }
 
 /// `err` as a `std` error, when it is a boxed error or one of the types recognised.
@@ -135,7 +135,7 @@ pub(crate) fn as_std_error<E: 'static>(err: &E) -> Option<&(dyn Error + 'static)
     concrete!(
         io::Error,
         tower::timeout::error::Elapsed,
-        crate::CircuitOpen,
+        crate::circuit_open::CircuitOpen,
         Unprocessed
     );
     None
@@ -170,7 +170,7 @@ pub(crate) fn classify_chain(err: &(dyn Error + 'static)) -> ErrorClass {
 }
 
 fn classify_one(err: &(dyn Error + 'static)) -> Option<ErrorClass> {
-    if err.is::<crate::CircuitOpen>() {
+    if err.is::<crate::circuit_open::CircuitOpen>() {
         return Some(ErrorClass::CircuitOpen);
     }
     if err.is::<Unprocessed>() {
@@ -333,7 +333,9 @@ mod tests {
     fn timeouts_and_breakers() {
         let elapsed: BoxError = Box::new(tower::timeout::error::Elapsed::new());
         assert_eq!(classify_error(&elapsed), ErrorClass::MaybeProcessed);
-        let open: BoxError = Box::new(crate::CircuitOpen::new(std::time::Duration::from_secs(1)));
+        let open: BoxError = Box::new(crate::circuit_open::CircuitOpen::new(
+            std::time::Duration::from_secs(1),
+        ));
         assert_eq!(
             classify_error(&boxed_circuit(open)),
             ErrorClass::CircuitOpen

@@ -203,6 +203,7 @@ pub mod future;
 mod layer;
 mod service;
 
+pub use crate::circuit_open::CircuitOpen;
 pub use builder::CircuitBreakerBuilder;
 pub use layer::CircuitBreakerLayer;
 pub use service::CircuitBreakerService;
@@ -218,69 +219,6 @@ type Callback = Arc<dyn Fn(Transition) + Send + Sync>;
 fn now() -> Instant {
     tokio::time::Instant::now().into_std()
 }
-
-/// The error returned, boxed in a [`BoxError`], for a call the circuit breaker refused
-/// without calling the inner service.
-///
-/// Find it with `err.downcast_ref::<CircuitOpen>()`. The retry layer gives up on it
-/// (`GiveUp::CircuitOpen`) unless the break ends before the backoff's next wait, which it
-/// then waits out.
-///
-/// ```
-/// use std::time::Duration;
-/// use stormguard::CircuitOpen;
-///
-/// let err: Box<dyn std::error::Error + Send + Sync> =
-///     Box::new(CircuitOpen::new(Duration::from_secs(3)));
-/// let open = err.downcast_ref::<CircuitOpen>().expect("a CircuitOpen");
-/// assert_eq!(open.remaining(), Duration::from_secs(3));
-/// assert_eq!(err.to_string(), "circuit breaker open: next probe in 3s");
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CircuitOpen {
-    remaining: Duration,
-    state: CircuitState,
-}
-
-impl CircuitOpen {
-    /// A refusal by an open circuit whose break ends in `remaining`.
-    pub fn new(remaining: Duration) -> Self {
-        CircuitOpen {
-            remaining,
-            state: CircuitState::Open,
-        }
-    }
-
-    /// How long until the break is over and a probe may go through. Zero when the
-    /// circuit is isolated, or half-open with every probe slot taken.
-    pub fn remaining(&self) -> Duration {
-        self.remaining
-    }
-
-    /// The state that refused the call: `Open`, `HalfOpen` (every probe slot taken) or
-    /// `Isolated`.
-    pub fn state(&self) -> CircuitState {
-        self.state
-    }
-}
-
-impl fmt::Display for CircuitOpen {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.state {
-            CircuitState::HalfOpen => {
-                f.write_str("circuit breaker half-open: every probe slot is taken")
-            }
-            CircuitState::Isolated => f.write_str("circuit breaker isolated"),
-            _ => write!(
-                f,
-                "circuit breaker open: next probe in {:?}",
-                self.remaining
-            ),
-        }
-    }
-}
-
-impl std::error::Error for CircuitOpen {}
 
 /// Counters of a [`CircuitBreaker`], from [`CircuitBreaker::stats`], since it was built.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

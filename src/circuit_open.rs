@@ -1,0 +1,71 @@
+//! [`CircuitOpen`], the breaker's refusal: a leaf that the breaker, which raises it, and
+//! the error classification, which recognises it wherever it sits in an error's
+//! `source()` chain, both import (re-exported as `stormguard::breaker::CircuitOpen`).
+
+use std::fmt;
+use std::time::Duration;
+
+use stormguard_core::breaker::CircuitState;
+
+/// The error returned, boxed in a [`BoxError`](crate::BoxError), for a call the circuit breaker refused
+/// without calling the inner service.
+///
+/// Find it with `err.downcast_ref::<CircuitOpen>()`. The retry layer gives up on it
+/// (`GiveUp::CircuitOpen`) unless the break ends before the backoff's next wait, which it
+/// then waits out.
+///
+/// ```
+/// use std::time::Duration;
+/// use stormguard::CircuitOpen;
+///
+/// let err: Box<dyn std::error::Error + Send + Sync> =
+///     Box::new(CircuitOpen::new(Duration::from_secs(3)));
+/// let open = err.downcast_ref::<CircuitOpen>().expect("a CircuitOpen");
+/// assert_eq!(open.remaining(), Duration::from_secs(3));
+/// assert_eq!(err.to_string(), "circuit breaker open: next probe in 3s");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CircuitOpen {
+    pub(crate) remaining: Duration,
+    pub(crate) state: CircuitState,
+}
+
+impl CircuitOpen {
+    /// A refusal by an open circuit whose break ends in `remaining`.
+    pub fn new(remaining: Duration) -> Self {
+        CircuitOpen {
+            remaining,
+            state: CircuitState::Open,
+        }
+    }
+
+    /// How long until the break is over and a probe may go through. Zero when the
+    /// circuit is isolated, or half-open with every probe slot taken.
+    pub fn remaining(&self) -> Duration {
+        self.remaining
+    }
+
+    /// The state that refused the call: `Open`, `HalfOpen` (every probe slot taken) or
+    /// `Isolated`.
+    pub fn state(&self) -> CircuitState {
+        self.state
+    }
+}
+
+impl fmt::Display for CircuitOpen {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.state {
+            CircuitState::HalfOpen => {
+                f.write_str("circuit breaker half-open: every probe slot is taken")
+            }
+            CircuitState::Isolated => f.write_str("circuit breaker isolated"),
+            _ => write!(
+                f,
+                "circuit breaker open: next probe in {:?}",
+                self.remaining
+            ),
+        }
+    }
+}
+
+impl std::error::Error for CircuitOpen {}
