@@ -1,12 +1,6 @@
-//! Tower middleware that retries without making things worse.
-//!
-//! A dependency that was briefly slow must not be turned into a dependency that is down
-//! by its own clients' retries, and a request that met a blip must not be lost because
-//! the middleware was too timid to retry it. stormguard retries with full-jitter backoff,
-//! classifies every outcome before retrying it, honours `Retry-After` and gRPC pushback,
-//! admits retries from a budget that bounds the *wasted* ones, and stops calling a
-//! dependency that is down with a circuit breaker; request bodies are kept so that they
-//! can be sent again.
+//! Tower middleware that retries without making things worse: full-jitter backoff,
+//! classification before any retry, `Retry-After` and gRPC pushback, a budget that bounds
+//! the *wasted* retries, a circuit breaker, and request bodies kept so they can be resent.
 //!
 //! # Set up
 //!
@@ -19,26 +13,21 @@
 //!
 //! # The recommended stack, in one line
 //!
-//! [`StandardStack`] layers a total timeout (30 s, which the retry layer knows as its
-//! deadline), the retry layer, a circuit breaker and a timeout per attempt (10 s), with
-//! the library defaults, over a hyper-util `Client` ([`http`](StandardStack::http)), a
-//! tonic `Channel` ([`grpc`](StandardStack::grpc)) or any tower service:
+//! [`StandardStack`]: a total timeout (30 s, the retry layer's deadline), retry, circuit
+//! breaker and attempt timeout (10 s), over hyper-util's `Client`, a tonic `Channel`
+//! ([`grpc`](StandardStack::grpc)) or any service; its type has a name:
 //!
 //! ```
-//! use bytes::Bytes;
-//! use http_body_util::Full;
 //! use hyper_util::client::legacy::{connect::HttpConnector, Client};
 //! use hyper_util::rt::TokioExecutor;
 //! use stormguard::{HttpStack, StandardStack};
 //!
 //! struct Upstreams {
-//!     users: HttpStack<Client<HttpConnector, Full<Bytes>>>,
+//!     users: HttpStack<Client<HttpConnector, String>>,
 //! }
 //!
 //! let client = Client::builder(TokioExecutor::new()).build_http();
-//! let upstreams = Upstreams {
-//!     users: StandardStack::new("users").http(client),
-//! };
+//! let upstreams = Upstreams { users: StandardStack::new("users").http(client) };
 //! # let _ = upstreams.users;
 //! ```
 //!
@@ -65,7 +54,7 @@
 //!
 //! In the main job (`examples/storm`), a dependency of 800 requests/s capacity answers
 //! every request 503 for 5 s while a fleet offers it 520 requests/s, once per strategy;
-//! attempts per second at the server (`--scenario all --seed 1`, commit 7ce1c8d):
+//! attempts per second at the server (`--scenario all --seed 1`, commit 7285cd4):
 //!
 #![doc = include_str!("../docs/storm.svg")]
 //!
