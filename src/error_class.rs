@@ -430,4 +430,40 @@ mod tests {
         assert!(err.is_user(), "{err:?}");
         assert_eq!(classify_error(&boxed(err)), ErrorClass::Local);
     }
+
+    /// hyper's "dispatch task is gone" (the client connection's task dropped with a
+    /// request in flight: its runtime shut down, or it panicked) is recognised by its
+    /// text, which this pins at the hyper version in Cargo.lock: it must not read as the
+    /// caller's own body error.
+    #[cfg(feature = "hyper")]
+    #[tokio::test]
+    async fn hypers_dispatch_gone_is_pinned_by_its_text() {
+        use http_body_util::BodyExt;
+        use std::time::Duration;
+        const LIMIT: Duration = Duration::from_secs(10);
+        let empty = || http_body_util::Empty::new().map_err(|e| match e {}).boxed();
+
+        let (mut sender, connection) = http1_client().await;
+        let driving = tokio::spawn(connection);
+        tokio::time::timeout(LIMIT, sender.ready())
+            .await
+            .expect("in time")
+            .expect("ready");
+        let response = sender.send_request(post(empty()));
+        // Let the connection take the request (the other end reads it and never answers),
+        // then drop the connection's task with the request in flight.
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        driving.abort();
+        let err = tokio::time::timeout(LIMIT, response)
+            .await
+            .expect("in time")
+            .expect_err("the task is gone");
+        assert!(err.is_user(), "{err:?}");
+        assert_eq!(err.to_string(), "dispatch task is gone");
+        // Looked into, and nothing in it is known to be transient: not retried (with the
+        // client's task gone, a retry through it has nowhere to go), and not Local.
+        assert_eq!(classify_error(&boxed(err)), ErrorClass::Unknown);
+    }
 }
