@@ -1,7 +1,7 @@
 //! Feature `metrics`: the series operators alert on, through the [`metrics`] facade.
 //!
-//! Every [`RetryPolicy`](crate::RetryPolicy) and [`CircuitBreaker`](crate::CircuitBreaker)
-//! reports under its dependency name (`.name("payments")` on the builders, `"default"`
+//! Every [`RetryPolicy`](crate::RetryPolicy), [`HedgePolicy`](crate::HedgePolicy) and
+//! [`CircuitBreaker`](crate::CircuitBreaker) reports under its dependency name (`.name("payments")` on the builders, `"default"`
 //! otherwise) to whatever recorder the application installs
 //! (`metrics-exporter-prometheus`, say):
 //!
@@ -16,11 +16,16 @@
 //! | `retry_ratio` | gauge | `service` | wasted retries (of requests that ended unserved, and timeouts) per original request over the budget's window, what the budget bounds, as of the last failure (labelled as above) |
 //! | `retry_delay_seconds` | histogram | `service` | the wait before each retry |
 //! | `retry_retries_per_call` | histogram | `service` | retries each call took (gRFC A45's per-call view) |
+//! | `hedge_sent_total` | counter | `service` | hedges sent (the hedge policy's name, `HedgePolicy::builder().name(..)`, or the retry policy's it shares a budget with) |
+//! | `hedge_won_total` | counter | `service` | hedged requests a hedge's response won |
+//! | `hedge_cancelled_total` | counter | `service` | copies dropped once another copy won (the losers' load, wasted) |
+//! | `hedge_budget_refused_total` | counter | `service` | hedges the budget refused |
 //! | `circuit_breaker_state` | gauge | `dependency` | 0 closed, 1 half-open, 2 open, 3 isolated |
 //! | `circuit_breaker_transitions_total` | counter | `dependency`, `from`, `to` | every state change |
 //!
-//! Handles are registered with the recorder the first time a policy or breaker is used,
-//! so install the recorder before the first request. Without a recorder every update is
+//! Handles are registered with the recorder the first time a policy or breaker is used
+//! (a hedge policy's, at its first hedge event, all four together), so install the
+//! recorder before the first request: handles bind to the recorder installed then. Without a recorder every update is
 //! a call into `metrics`' no-op recorder; without the feature nothing of this is compiled.
 //! The budget gauges are refreshed on the failure path only (each retry and give-up), so
 //! a healthy client's success path reads no window.
@@ -239,6 +244,57 @@ impl RetryHandles {
 }
 
 /// A breaker's handles: its state gauge, registered on first use.
+/// A hedge policy's series, registered at its first hedge.
+#[derive(Debug, Default)]
+pub(crate) struct HedgeMetrics {
+    handles: OnceLock<HedgeHandles>,
+}
+
+#[derive(Debug)]
+struct HedgeHandles {
+    sent: Counter,
+    won: Counter,
+    cancelled: Counter,
+    budget_refused: Counter,
+}
+
+/// What a hedged request did, for [`HedgeMetrics::record`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum HedgeEvent {
+    /// A hedge was sent.
+    Sent,
+    /// A hedge's response won.
+    Won,
+    /// Copies dropped once another won.
+    Cancelled,
+    /// The budget refused a hedge.
+    BudgetRefused,
+}
+
+impl HedgeMetrics {
+    pub(crate) fn record(&self, service: &str, event: HedgeEvent, n: u64) {
+        if n == 0 {
+            return;
+        }
+        let handles = self.handles.get_or_init(|| {
+            let service = service.to_owned();
+            HedgeHandles {
+                sent: metrics::counter!("hedge_sent_total", "service" => service.clone()),
+                won: metrics::counter!("hedge_won_total", "service" => service.clone()),
+                cancelled: metrics::counter!("hedge_cancelled_total", "service" => service.clone()),
+                budget_refused: metrics::counter!("hedge_budget_refused_total", "service" => service),
+            }
+        });
+        let counter = match event {
+            HedgeEvent::Sent => &handles.sent,
+            HedgeEvent::Won => &handles.won,
+            HedgeEvent::Cancelled => &handles.cancelled,
+            HedgeEvent::BudgetRefused => &handles.budget_refused,
+        };
+        counter.increment(n);
+    }
+}
+
 #[derive(Debug, Default)]
 pub(crate) struct BreakerMetrics {
     state: OnceLock<Gauge>,

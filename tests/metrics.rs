@@ -136,3 +136,97 @@ fn attempts_past_the_policy_s_own_limit_by_a_grpc_method_are_counted() {
         );
     }
 }
+
+/// The hedge layer's series: a slow request hedged and won by its hedge (the original
+/// cancelled), and one whose hedge a spent budget refused. A recorder local to this
+/// thread, on paused time.
+#[test]
+fn hedges_sent_won_cancelled_and_refused_are_counted() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use stormguard::{BoxError, HedgeLayer, HedgePolicy, RetryBudget};
+    use tower::{ServiceBuilder, ServiceExt};
+
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("runtime");
+    let hedged = |name: &str, budget: RetryBudget| {
+        HedgePolicy::builder()
+            .name(name)
+            .delay(Duration::from_millis(50))
+            .budget(budget)
+            .build()
+            .expect("policy")
+    };
+    let roomy = hedged("search", budget::roomy());
+    let spent = RetryBudget::builder()
+        .ratio(0.0)
+        .allowance(0)
+        .build()
+        .expect("budget");
+    let tight = hedged("tight", spent);
+    // The first call of each upstream takes 200 ms, the later ones 10 ms.
+    let upstream = || {
+        let calls = Arc::new(AtomicU32::new(0));
+        tower::service_fn(move |_req: http::Request<String>| {
+            let slow = calls.fetch_add(1, Ordering::SeqCst) == 0;
+            async move {
+                let ms = if slow { 200 } else { 10 };
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                Ok::<_, BoxError>(http::Response::new(String::new()))
+            }
+        })
+    };
+    let get = || {
+        http::Request::get("http://upstream/")
+            .body(String::new())
+            .expect("request")
+    };
+    metrics::with_local_recorder(&recorder, || {
+        runtime.block_on(async {
+            for policy in [&roomy, &tight] {
+                let stack = ServiceBuilder::new()
+                    .layer(HedgeLayer::new(policy.clone()))
+                    .service(upstream());
+                stack.oneshot(get()).await.expect("a response");
+            }
+        })
+    });
+    assert_eq!(roomy.stats().hedges_won, 1);
+    assert_eq!(tight.stats().budget_denied, 1);
+    let scrape = handle.render();
+    let search = [("service", "search")];
+    assert_eq!(
+        value(&scrape, "hedge_sent_total", &search),
+        Some(1.0),
+        "{scrape}"
+    );
+    assert_eq!(
+        value(&scrape, "hedge_won_total", &search),
+        Some(1.0),
+        "{scrape}"
+    );
+    assert_eq!(
+        value(&scrape, "hedge_cancelled_total", &search),
+        Some(1.0),
+        "{scrape}"
+    );
+    let tight_label = [("service", "tight")];
+    assert_eq!(
+        value(&scrape, "hedge_budget_refused_total", &tight_label),
+        Some(1.0),
+        "{scrape}"
+    );
+    // A policy's series are registered together, at its first event: no hedge sent.
+    assert_eq!(
+        value(&scrape, "hedge_sent_total", &tight_label),
+        Some(0.0),
+        "{scrape}"
+    );
+}

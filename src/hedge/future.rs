@@ -376,6 +376,8 @@ where
         });
         self.sent += 1;
         add(&self.policy.counters().hedges_sent, 1);
+        #[cfg(feature = "metrics")]
+        self.policy.count(crate::metrics::HedgeEvent::Sent, 1);
         tracing::debug!(
             target: "stormguard::hedge",
             attempt = self.sent,
@@ -392,7 +394,12 @@ where
         }
         let counters = self.policy.counters();
         match why {
-            Stop::Budget => add(&counters.budget_denied, 1),
+            Stop::Budget => {
+                add(&counters.budget_denied, 1);
+                #[cfg(feature = "metrics")]
+                self.policy
+                    .count(crate::metrics::HedgeEvent::BudgetRefused, 1);
+            }
             _ => add(&counters.suppressed, 1),
         }
         tracing::debug!(target: "stormguard::hedge", reason = why.as_str(), sent = self.sent, "no further hedges");
@@ -401,11 +408,17 @@ where
     /// A copy won: the others are dropped (cancelled).
     fn finish(&mut self, winner: u32) {
         let counters = self.policy.counters();
-        add(&counters.cancelled, self.attempts.len() as u64);
+        let cancelled = self.attempts.len() as u64;
+        add(&counters.cancelled, cancelled);
+        #[cfg(feature = "metrics")]
+        self.policy
+            .count(crate::metrics::HedgeEvent::Cancelled, cancelled);
         self.attempts.clear();
         self.next = None;
         if winner > 0 {
             add(&counters.hedges_won, 1);
+            #[cfg(feature = "metrics")]
+            self.policy.count(crate::metrics::HedgeEvent::Won, 1);
             tracing::debug!(target: "stormguard::hedge", attempt = winner + 1, "hedge won");
         }
     }

@@ -264,6 +264,10 @@ struct Shared {
     /// Per-method hedging policies of a gRPC service config (`None`: not hedged).
     methods: Option<MethodTable<Option<GrpcHedgePolicy>>>,
     counters: Counters,
+    /// The `service` label of the `metrics` feature's series.
+    name: String,
+    #[cfg(feature = "metrics")]
+    metrics: crate::metrics::HedgeMetrics,
 }
 
 /// When and how often to hedge; see the [module docs](self).
@@ -341,6 +345,17 @@ impl HedgePolicy {
     /// The budget hedges are drawn from.
     pub fn budget(&self) -> &RetryBudget {
         &self.shared.budget
+    }
+
+    /// Counts a hedge event in the `metrics` feature's series.
+    #[cfg(feature = "metrics")]
+    pub(crate) fn count(&self, event: crate::metrics::HedgeEvent, n: u64) {
+        self.shared.metrics.record(&self.shared.name, event, n);
+    }
+
+    /// The name its `metrics` series carry as their `service` label.
+    pub fn name(&self) -> &str {
+        &self.shared.name
     }
 
     /// Copies per request, the original included.
@@ -432,6 +447,7 @@ fn is_not_replayable<E: 'static>(err: &E) -> bool {
 /// Builds a [`HedgePolicy`]; every setting has a default.
 #[derive(Debug, Clone)]
 pub struct HedgePolicyBuilder {
+    name: Option<String>,
     max_attempts: u32,
     fixed: Option<Duration>,
     estimator: LatencyEstimatorBuilder,
@@ -444,6 +460,7 @@ pub struct HedgePolicyBuilder {
 impl Default for HedgePolicyBuilder {
     fn default() -> Self {
         HedgePolicyBuilder {
+            name: None,
             max_attempts: 2,
             fixed: None,
             estimator: LatencyEstimator::builder(),
@@ -511,12 +528,24 @@ impl HedgePolicyBuilder {
         self
     }
 
+    /// The dependency's name: the `service` label of the `metrics` feature's hedge
+    /// series \[the retry policy's, with [`share_retry_budget`](Self::share_retry_budget);
+    /// else the budget's name, else `default`\].
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
     /// Draws hedges from `retry`'s budget, which the [`RetryLayer`](crate::RetryLayer)
-    /// above pays into once per request; the hedge layer then pays in nothing, so that
-    /// hedges and retries share one ratio (10% by default) of the original requests.
-    /// Use it only with that retry layer above the hedge layer: without it, nothing is
-    /// paid in and hedges get only the budget's allowance.
+    /// above pays into once per request (and takes `retry`'s name, unless it has one);
+    /// the hedge layer then pays in nothing, so that hedges and retries share one ratio
+    /// (10% by default) of the original requests. Use it only with that retry layer
+    /// above the hedge layer: without it, nothing is paid in and hedges get only the
+    /// budget's allowance.
     pub fn share_retry_budget(mut self, retry: &RetryPolicy) -> Self {
+        if self.name.is_none() {
+            self.name = Some(retry.name().to_owned());
+        }
         self.budget = Some(retry.budget().clone());
         self.deposits = false;
         self
@@ -575,15 +604,23 @@ impl HedgePolicyBuilder {
     }
 
     fn make(self, delay: Delay) -> HedgePolicy {
+        let budget: RetryBudget = self.budget.unwrap_or_default();
+        let name = self
+            .name
+            .or_else(|| budget.name().map(str::to_owned))
+            .unwrap_or_else(|| String::from("default"));
         HedgePolicy {
             shared: Arc::new(Shared {
                 max_attempts: self.max_attempts,
                 delay,
-                budget: self.budget.unwrap_or_default(),
+                budget,
                 deposits: self.deposits,
                 rules: self.rules,
                 methods: self.methods,
                 counters: Counters::default(),
+                name,
+                #[cfg(feature = "metrics")]
+                metrics: crate::metrics::HedgeMetrics::default(),
             }),
         }
     }
