@@ -1,7 +1,7 @@
 //! The standard stack: the layers this crate recommends, in their order, in one line.
 //!
 //! ```text
-//!   total timeout (30 s, and a Deadline the retry layer sees)
+//!   total timeout (30 s, which the retry layer also knows as its deadline)
 //!     └ retry (3 attempts, full jitter 200 ms / 20 s, the budget, Retry-After)
 //!         └ circuit breaker (2 s window, 95% of 20 calls or 100 in a row, 25 ms breaks)
 //!             └ attempt timeout (10 s)
@@ -96,17 +96,16 @@
 //! stack, and every service one `StandardStack` makes, share one budget and one circuit.
 
 use std::fmt;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
+#[cfg(feature = "tonic")]
 use http::Request;
 use stormguard_core::ConfigError;
 use tower::timeout::Timeout;
-use tower_service::Service;
 
 use crate::breaker::CircuitBreakerService;
 use crate::retry::ReplayRetry;
-use crate::{CircuitBreaker, Deadline, Retry, RetryLayer, RetryPolicy};
+use crate::{CircuitBreaker, Retry, RetryPolicy};
 
 /// The default total timeout: what a caller waits, retries included.
 pub const DEFAULT_TOTAL_TIMEOUT: Duration = Duration::from_secs(30);
@@ -116,13 +115,13 @@ pub const DEFAULT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The standard stack over a service whose request bodies are `Clone` (hyper-util's
 /// `Client` with `Full<Bytes>` or `String` bodies), from [`StandardStack::http`].
-pub type HttpStack<S> = Timeout<WithDeadline<Retry<CircuitBreakerService<Timeout<S>>>>>;
+pub type HttpStack<S> = Timeout<Retry<CircuitBreakerService<Timeout<S>>>>;
 
 /// The standard stack over a service whose request bodies stream, kept as they are
 /// sent so that a retry can send them again ([`ReplayBody`](crate::ReplayBody), up to the
 /// policy's `max_replay_bytes`), from [`StandardStack::replay`]. The inner service takes
 /// `Request<ReplayBody<B>>`.
-pub type ReplayStack<S> = Timeout<WithDeadline<ReplayRetry<CircuitBreakerService<Timeout<S>>>>>;
+pub type ReplayStack<S> = Timeout<ReplayRetry<CircuitBreakerService<Timeout<S>>>>;
 
 /// The standard stack over a tonic [`Channel`](tonic::transport::Channel) (or any
 /// service of tonic's body type), from [`StandardStack::grpc`]: a
@@ -267,27 +266,24 @@ impl StandardStack {
 
     /// The stack over `inner`, a service whose request bodies are `Clone`.
     pub fn http<S: Clone>(&self, inner: S) -> HttpStack<S> {
-        let below = self.below(inner);
-        Timeout::new(
-            WithDeadline::new(Retry::new(self.retry.clone(), below), self.total_timeout),
-            self.total_timeout,
-        )
+        let retry = Retry::within(
+            self.retry.clone(),
+            self.below(inner),
+            Some(self.total_timeout),
+        );
+        Timeout::new(retry, self.total_timeout)
     }
 
     /// The stack over `inner`, a service of [`ReplayBody`](crate::ReplayBody)-wrapped
     /// requests: the caller's bodies may stream, and are kept as the first attempt sends
     /// them so that a retry can send them again.
     pub fn replay<S: Clone>(&self, inner: S) -> ReplayStack<S> {
-        use tower_layer::Layer;
-
-        let below = self.below(inner);
-        let retry = RetryLayer::new(self.retry.clone())
-            .replay_bodies()
-            .layer(below);
-        Timeout::new(
-            WithDeadline::new(retry, self.total_timeout),
-            self.total_timeout,
-        )
+        let retry = ReplayRetry::within(
+            self.retry.clone(),
+            self.below(inner),
+            Some(self.total_timeout),
+        );
+        Timeout::new(retry, self.total_timeout)
     }
 
     /// The stack over a tonic `Channel` (or any service of tonic's body type).
@@ -387,50 +383,5 @@ impl StandardStackBuilder {
             total_timeout: self.total_timeout,
             attempt_timeout: self.attempt_timeout,
         })
-    }
-}
-
-/// Puts a [`Deadline`] `timeout` from now on each request (or keeps the request's own,
-/// when that is earlier), so that the retry layer below schedules no retry the total
-/// timeout above would cut short. The clock is tokio's, as the retry layer's.
-#[derive(Debug, Clone)]
-pub struct WithDeadline<S> {
-    inner: S,
-    timeout: Duration,
-}
-
-impl<S> WithDeadline<S> {
-    /// Deadlines `timeout` from each request's call.
-    pub fn new(inner: S, timeout: Duration) -> Self {
-        WithDeadline { inner, timeout }
-    }
-
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-}
-
-impl<S, B> Service<Request<B>> for WithDeadline<S>
-where
-    S: Service<Request<B>>,
-{
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = S::Future;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, mut request: Request<B>) -> Self::Future {
-        let now = tokio::time::Instant::now().into_std();
-        let ours = Deadline::after(now, self.timeout);
-        let deadline = match request.extensions().get::<Deadline>() {
-            Some(theirs) => (*theirs).min(ours),
-            None => ours,
-        };
-        request.extensions_mut().insert(deadline);
-        self.inner.call(request)
     }
 }

@@ -197,12 +197,22 @@ async fn the_total_timeout_is_the_retry_layers_deadline() {
 
 #[tokio::test(start_paused = true)]
 async fn a_callers_earlier_deadline_is_kept() {
+    // Total timeout 30 s, the caller's own deadline 1 s: a Retry-After of 5 s is past
+    // the earlier one, so the 503 comes back at once.
     let stack = StandardStack::new("upstream");
     let seen = Arc::new(std::sync::Mutex::new(None));
     let record = seen.clone();
     let inner = service_fn(move |req: Request<String>| {
         *record.lock().expect("lock") = req.extensions().get::<Deadline>().copied();
-        async { Ok::<_, BoxError>(Response::new(String::new())) }
+        async {
+            Ok::<_, BoxError>(
+                Response::builder()
+                    .status(503)
+                    .header("retry-after", "5")
+                    .body(String::new())
+                    .expect("response"),
+            )
+        }
     });
     let now = tokio::time::Instant::now().into_std();
     let mut request = Request::get("http://upstream/")
@@ -211,7 +221,9 @@ async fn a_callers_earlier_deadline_is_kept() {
     request
         .extensions_mut()
         .insert(Deadline::after(now, Duration::from_secs(1)));
-    stack.http(inner).oneshot(request).await.expect("200");
+    let res = stack.http(inner).oneshot(request).await.expect("the 503");
+    assert_eq!(res.status(), 503);
+    assert_eq!(stack.retry().stats().deadline, 1);
     let deadline = seen
         .lock()
         .expect("lock")

@@ -133,9 +133,9 @@ where
                             shared.call_ended(1);
                             return Poll::Ready(result);
                         }
-                        None => this
-                            .policy
-                            .insert(Box::new(this.core.policy.sent_at(*this.sent))),
+                        None => this.policy.insert(Box::new(
+                            this.core.policy.sent_at(*this.sent, this.core.total),
+                        )),
                     };
                     match Policy::<Request<B>, Response<ResB>, S::Error>::retry(
                         &mut **policy,

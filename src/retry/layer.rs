@@ -115,10 +115,7 @@ impl<S: Clone> Layer<S> for RetryLayer<ReplayBodies> {
     type Service = ReplayRetry<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        ReplayRetry {
-            max_bytes: self.policy.max_replay_bytes(),
-            retry: Retry::new(self.policy.clone(), inner),
-        }
+        ReplayRetry::within(self.policy.clone(), inner, None)
     }
 }
 
@@ -128,6 +125,21 @@ impl<S: Clone> Layer<S> for RetryLayer<ReplayBodies> {
 pub struct ReplayRetry<S> {
     max_bytes: usize,
     retry: Retry<S>,
+}
+
+impl<S: Clone> ReplayRetry<S> {
+    /// Replays bodies for `policy`'s retries of calls to `inner`, no retry scheduled past
+    /// `total` after a request's first send.
+    pub(crate) fn within(
+        policy: RetryPolicy,
+        inner: S,
+        total: Option<std::time::Duration>,
+    ) -> Self {
+        ReplayRetry {
+            max_bytes: policy.max_replay_bytes(),
+            retry: Retry::within(policy, inner, total),
+        }
+    }
 }
 
 impl<S, B> Service<Request<B>> for ReplayRetry<S>

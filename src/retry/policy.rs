@@ -85,8 +85,9 @@ pub(super) struct Limits {
 pub(super) enum RequestDeadline {
     /// Not sent yet (the layer's own copy of the policy).
     Unsent,
-    /// First sent at this instant; not read yet.
-    SentAt(Instant),
+    /// First sent at this instant, with this long at most to finish if a total timeout
+    /// above says so; not read yet.
+    SentAt(Instant, Option<Duration>),
     /// Read at the first failure: the [`Deadline`], if the request has one.
     Read(Option<Deadline>),
 }
@@ -168,15 +169,16 @@ impl RetryPolicy {
         self.shared.max_replay_bytes
     }
 
-    /// This policy's copy for a request first sent at `sent`, as
-    /// [`clone_request`](tower::retry::Policy::clone_request) leaves it.
-    pub(super) fn sent_at(&self, sent: Instant) -> RetryPolicy {
+    /// This policy's copy for a request first sent at `sent` (with `total` to finish in,
+    /// under a total timeout), as [`clone_request`](tower::retry::Policy::clone_request)
+    /// leaves it.
+    pub(super) fn sent_at(&self, sent: Instant, total: Option<Duration>) -> RetryPolicy {
         RetryPolicy {
             shared: Arc::clone(&self.shared),
             attempts: 0,
             transparent_used: false,
             admitted: 0,
-            deadline: RequestDeadline::SentAt(sent),
+            deadline: RequestDeadline::SentAt(sent, total),
             streams: None,
         }
     }
@@ -421,8 +423,13 @@ impl RetryPolicy {
     /// the first outcome that is not a success, before the request is changed for a
     /// retry.
     fn read_deadline<B>(&mut self, req: &Request<B>) {
-        if let RequestDeadline::SentAt(sent) = self.deadline {
-            self.deadline = RequestDeadline::Read(deadline_of(req, sent));
+        if let RequestDeadline::SentAt(sent, total) = self.deadline {
+            let outer = total.map(|total| Deadline::after(sent, total));
+            let deadline = match (deadline_of(req, sent), outer) {
+                (Some(own), Some(outer)) => Some(own.min(outer)),
+                (own, outer) => own.or(outer),
+            };
+            self.deadline = RequestDeadline::Read(deadline);
         }
     }
 
@@ -430,7 +437,7 @@ impl RetryPolicy {
     fn deadline(&self) -> Option<Deadline> {
         match self.deadline {
             RequestDeadline::Read(deadline) => deadline,
-            RequestDeadline::Unsent | RequestDeadline::SentAt(_) => None,
+            RequestDeadline::Unsent | RequestDeadline::SentAt(..) => None,
         }
     }
 
@@ -594,7 +601,7 @@ where
             if !self.shared.first_send(req, now) {
                 return None;
             }
-            self.deadline = RequestDeadline::SentAt(now);
+            self.deadline = RequestDeadline::SentAt(now, None);
         }
         Some(req.clone())
     }

@@ -3,6 +3,7 @@
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use http::{Request, Response};
 use tower_service::Service;
@@ -36,6 +37,10 @@ pub struct Retry<S> {
 /// What every clone of a [`Retry`] and every response future of theirs share.
 pub(super) struct Core<S> {
     pub(super) policy: RetryPolicy,
+    /// What the caller waits at most, from the first send, when a total timeout above
+    /// says so (the standard stack's): the request's deadline, unless it has an
+    /// earlier one. Read at a request's first failure, so a success pays nothing.
+    pub(super) total: Option<Duration>,
     /// The inner service as the layer wrapped it, cloned for each request that retries.
     /// The lock is held only while cloning.
     retries: Mutex<S>,
@@ -54,9 +59,16 @@ impl<S: Clone> Core<S> {
 impl<S: Clone> Retry<S> {
     /// A service retrying calls to `inner` by `policy`.
     pub fn new(policy: RetryPolicy, inner: S) -> Self {
+        Retry::within(policy, inner, None)
+    }
+
+    /// A service retrying calls to `inner` by `policy`, no retry scheduled past `total`
+    /// after a request's first send (the total timeout above it).
+    pub(crate) fn within(policy: RetryPolicy, inner: S, total: Option<Duration>) -> Self {
         Retry {
             core: Arc::new(Core {
                 policy,
+                total,
                 retries: Mutex::new(inner.clone()),
             }),
             inner,
