@@ -260,19 +260,8 @@ async fn a_new_clients_unary_call_gets_all_its_attempts() {
     let (uri, calls) = serve_unary(2).await;
     let channel = connect(uri).await;
     let policy = new_client_policy(4);
-    let svc = stack(channel, &policy);
-    let mut grpc = tonic::client::Grpc::new(svc);
-    let call = async {
-        grpc.ready()
-            .await
-            .map_err(|e| Status::unknown(e.to_string()))?;
-        grpc.unary(
-            Request::new(Chunk { data: vec![7; 100] }),
-            PathAndQuery::from_static(UNARY_PATH),
-            ProstCodec::<Chunk, Summary>::default(),
-        )
-        .await
-    };
+    let mut client = UploadClient::new(stack(channel, &policy));
+    let call = client.one(Request::new(Chunk { data: vec![7; 100] }));
     let summary = tokio::time::timeout(Duration::from_secs(5), call)
         .await
         .expect("in time")
@@ -302,12 +291,10 @@ async fn a_new_clients_client_stream_gets_all_its_attempts() {
 
 /// A client of the shape tonic-build generates: `tonic::client::Grpc` over any
 /// `GrpcService`, one method per RPC.
-#[cfg(feature = "tonic")]
 struct UploadClient<T> {
     inner: tonic::client::Grpc<T>,
 }
 
-#[cfg(feature = "tonic")]
 impl<T> UploadClient<T>
 where
     T: tonic::client::GrpcService<Body>,
