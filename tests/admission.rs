@@ -114,6 +114,70 @@ async fn a_quiet_client_whose_retries_fail_wastes_the_allowance_and_ten_percent(
     );
 }
 
+/// Sends one request through `policy` to an upstream whose `n`-th call (from 0) times
+/// out when `times_out(n)` and is answered 200 otherwise; gives back the outcome and
+/// the calls made.
+async fn call_timing_out<F>(policy: &RetryPolicy, times_out: F) -> (Result<StatusCode, String>, u32)
+where
+    F: Fn(u32) -> bool + Clone + Send + 'static,
+{
+    let calls = Arc::new(AtomicU32::new(0));
+    let counter = calls.clone();
+    let upstream = service_fn(move |_req: Request<String>| {
+        let n = counter.fetch_add(1, Ordering::SeqCst);
+        let timeout = times_out(n);
+        async move {
+            tokio::time::sleep(MS).await;
+            if timeout {
+                Err::<Response<String>, BoxError>(Box::new(tower::timeout::error::Elapsed::new()))
+            } else {
+                Ok(status(200))
+            }
+        }
+    });
+    let svc = ServiceBuilder::new()
+        .layer(RetryLayer::new(policy.clone()))
+        .service(upstream);
+    let outcome = tokio::time::timeout(Duration::from_secs(60), svc.oneshot(get()))
+        .await
+        .expect("in time")
+        .map(|response| response.status())
+        .map_err(|err| err.to_string());
+    (outcome, calls.load(Ordering::SeqCst))
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_new_clients_first_timeout_is_retried_and_the_next_one_is_not() {
+    // A timeout is charged two wasted retries once its own retry is decided: so a new
+    // client's first request rides out a hung attempt on its allowance...
+    let policy = defaults(8);
+    let (outcome, calls) = call_timing_out(&policy, |n| n == 0).await;
+    assert_eq!((outcome, calls), (Ok(StatusCode::OK), 2));
+    // ...and a request whose every attempt hangs gets one retry, not two: the first
+    // timeout spent the room the second would need (as in a brownout, where timeouts
+    // come many at a time and their retries would add to the overload).
+    let policy = defaults(9);
+    let (outcome, calls) = call_timing_out(&policy, |_| true).await;
+    assert!(outcome.is_err(), "{outcome:?}");
+    assert_eq!(calls, 2, "{:?}", policy.stats());
+    assert_eq!(policy.stats().budget_denied, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_quiet_client_rides_out_isolated_timeouts() {
+    // Two requests a second for 20 s; the 10th and the 30th requests' first attempts
+    // hang and time out, their retries are served: no request is lost.
+    let policy = defaults(10);
+    let mut served = 0;
+    for i in 0..40 {
+        let (outcome, _) = call_timing_out(&policy, move |n| n == 0 && (i == 10 || i == 30)).await;
+        served += u32::from(outcome == Ok(StatusCode::OK));
+        tokio::time::sleep(500 * MS).await;
+    }
+    assert_eq!(served, 40, "{:?}", policy.stats());
+    assert_eq!(policy.stats().retries, 2);
+}
+
 /// `n` requests sent through `svc` at one instant, and their responses.
 async fn burst<S>(svc: &S, n: usize) -> Vec<Response<String>>
 where

@@ -233,8 +233,9 @@ async fn a_callers_earlier_deadline_is_kept() {
 
 #[tokio::test(start_paused = true)]
 async fn an_attempt_that_hangs_is_timed_out_and_counted_by_the_breaker() {
-    // A budget with room: a brand-new client's default budget charges a timeout as two
-    // wasted retries and has one to spend, so it would not retry this at all.
+    // A budget with room: a brand-new client's default budget retries the first timeout
+    // on its allowance and charges it two wasted retries, which leaves no room for a
+    // third attempt.
     let retry = stormguard::RetryPolicy::builder()
         .budget(budget::roomy())
         .build()

@@ -212,6 +212,7 @@ impl RetryPolicyBuilder {
             }),
             attempts: 0,
             admitted: 0,
+            expensive_pending: false,
             transparent_used: false,
             deadline: RequestDeadline::Unsent,
             streams: None,

@@ -60,6 +60,9 @@ pub struct RetryPolicy {
     /// (attempts are capped at 100, so they fit): charged as wasted if it ends
     /// unserved, its caller gone included.
     pub(super) admitted: u8,
+    /// An attempt of this request timed out or was reset and is not yet charged for
+    /// it: charged once its own retry is decided (see `charge_expensive`).
+    pub(super) expensive_pending: bool,
     /// When the caller stops waiting: the request's [`Deadline`] or its `grpc-timeout`
     /// counted from its first send, read from the request at its first failure (a
     /// success never needs it).
@@ -178,6 +181,7 @@ impl RetryPolicy {
             attempts: 0,
             transparent_used: false,
             admitted: 0,
+            expensive_pending: false,
             deadline: RequestDeadline::SentAt(sent, total),
             streams: None,
         }
@@ -216,7 +220,7 @@ impl RetryPolicy {
     /// The last checks, once the wait is known: the deadline, then the budget (so a
     /// retry that could never finish asks for nothing), which admits the retry on the
     /// waste so far.
-    fn may_wait(&self, now: Instant, delay: Duration) -> Result<(), GiveUp> {
+    fn may_wait(&mut self, now: Instant, delay: Duration) -> Result<(), GiveUp> {
         if self.deadline().is_some_and(|d| !d.allows(now, delay)) {
             return Err(GiveUp::Deadline);
         }
@@ -225,19 +229,24 @@ impl RetryPolicy {
                 return Err(GiveUp::Budget);
             }
         }
-        if !self.shared.budget.admit(now, u32::from(self.admitted)) {
+        let admitted = self.shared.budget.admit(now, u32::from(self.admitted));
+        self.charge_expensive();
+        if !admitted {
             return Err(GiveUp::Budget);
         }
         Ok(())
     }
 
     /// Charges an attempt that may have cost the server work for nobody (a timeout, a
-    /// reset) at once, before its own retry is decided: two wasted retries, whatever
-    /// comes next (`stormguard_core::budget::EXPENSIVE_FAILURE`). So a timeout is
-    /// retried only where the budget has room for its cost too, as the AWS SDKs ask a
-    /// timeout's retry for twice the tokens.
-    fn charge_expensive(&self, expensive: bool) {
-        if expensive {
+    /// reset), once its own retry is decided, and whatever was decided: two wasted
+    /// retries (`stormguard_core::budget::EXPENSIVE_FAILURE`), as the AWS SDKs ask a
+    /// timeout's retry for twice the tokens. Its own retry is decided first, on the
+    /// room as it was: so a new or quiet client retries an isolated timeout (its
+    /// allowance pays for it) instead of spending the allowance on the timeout and
+    /// finding nothing left for the retry, while in a brownout, where timeouts come
+    /// many at a time, each one charged closes the room to the next ones at once.
+    fn charge_expensive(&mut self) {
+        if std::mem::take(&mut self.expensive_pending) {
             let now = tokio::time::Instant::now().into_std();
             let charge = stormguard_core::budget::EXPENSIVE_FAILURE;
             self.shared.budget.charge(now, charge);
@@ -311,6 +320,7 @@ impl RetryPolicy {
                 res.extensions_mut().insert(Attempts(attempts));
             }
         }
+        self.charge_expensive();
         self.settle(why.is_none());
         if let Some(why) = why {
             self.give_up(why, attempts);
@@ -529,7 +539,7 @@ where
             },
         };
         self.count_attempt(class, result.is_ok());
-        self.charge_expensive(expensive);
+        self.expensive_pending = expensive;
         let attempts = self.attempts;
         let decision = match class {
             Class::Success => return self.finish(result, attempts, None),

@@ -33,8 +33,11 @@
 //!   is left over. Over any stretch of time, waste stays within 10% of the requests
 //!   plus the allowance, plus the retries in flight when the room ran out.
 //! - A timeout or a reset (work the server may have done for nobody) is charged too:
-//!   the retry layer charges [`EXPENSIVE_FAILURE`] wasted retries for each, before its
-//!   own retry is decided.
+//!   the retry layer charges [`EXPENSIVE_FAILURE`] wasted retries for each, once its own
+//!   retry is decided on the room as it was. So a new or quiet client retries an
+//!   isolated timeout (a hung replica, a dead connection) on its allowance, and in a
+//!   brownout, where timeouts come many at a time, each one charged closes the room to
+//!   the retries of the next ones.
 //!
 //! When nearly everything is failing, the waste is at the bound and the client degrades
 //! to about one attempt per request, plus 10%.
@@ -638,16 +641,18 @@ impl Default for RetryBudgetBuilder {
 pub const DEFAULT_PACE: f64 = 0.5;
 
 /// What a failure that may have cost the server work for nobody (a timeout, a reset)
-/// is charged at once, in wasted retries, before its own retry is decided and whether
-/// or not it is retried (on top of the request's retries, should it end unserved). Two:
-/// the AWS SDKs' retry quota asks a retry after a timeout for twice the tokens of one
-/// after an error (10 against 5), and a timed-out attempt is, like a wasted retry,
-/// work the server did for nobody.
+/// is charged, in wasted retries, once its own retry is decided and whatever was decided
+/// (on top of the request's retries, should it end unserved). Two: the AWS SDKs' retry
+/// quota asks a retry after a timeout for twice the tokens of one after an error (10
+/// against 5), and a timed-out attempt is, like a wasted retry, work the server did for
+/// nobody. Charged after the decision, so that a new client's allowance pays for the
+/// retry of its first timeout rather than for the timeout itself.
 pub const EXPENSIVE_FAILURE: u32 = 2;
 
 /// The default [`allowance`](RetryBudgetBuilder::allowance): with a new client's own
 /// first request, enough for that request to use all three of its default attempts
-/// through fast failures (a timeout costs [`EXPENSIVE_FAILURE`] first).
+/// through fast failures, or two through a timeout (which costs [`EXPENSIVE_FAILURE`]
+/// once its retry is admitted).
 pub const DEFAULT_ALLOWANCE: u32 = 1;
 
 impl RetryBudgetBuilder {

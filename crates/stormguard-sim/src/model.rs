@@ -606,9 +606,6 @@ impl Fleet {
         let class = match status {
             None => {
                 self.report.timeouts += 1;
-                // Charged before its own retry is decided, as the retry layer does.
-                let (c, t) = (self.requests[req as usize].client, self.now);
-                self.state(c).on_timeout(t);
                 // A per-attempt timeout on an idempotent request: retryable.
                 Class::Retryable { after: None }
             }
@@ -645,12 +642,19 @@ impl Fleet {
                 return;
             }
         };
-        if self.requests[req as usize].attempts >= self.strategy.attempts {
-            self.finish(req, false);
-            return;
+        let timed_out = status.is_none();
+        let retry = if self.requests[req as usize].attempts >= self.strategy.attempts {
+            None
+        } else {
+            let retries = self.requests[req as usize].attempts - 1;
+            self.state(client).try_retry(t, retries, timed_out)
+        };
+        if timed_out {
+            // Charged once its own retry is decided, whatever was decided, as the retry
+            // layer does.
+            self.state(client).on_timeout(t);
         }
-        let retries = self.requests[req as usize].attempts - 1;
-        match self.state(client).try_retry(t, retries, status.is_none()) {
+        match retry {
             Some(spent) => self.requests[req as usize].spent = spent,
             None => {
                 self.finish(req, false);
