@@ -25,7 +25,7 @@ mod peers;
 #[path = "../tests/support/stacks.rs"]
 mod stacks;
 
-use stacks::{realistic_request, request, upstream, Req, TpsPolicy, UPSTREAM};
+use stacks::{grpc_request, realistic_request, request, Req, TpsPolicy, UPSTREAM};
 
 /// Calls per stack per round.
 const BATCH: u32 = 2000;
@@ -93,10 +93,12 @@ impl<F: Future + Unpin> Future for Holding<F> {
 /// returning the mean time per call in nanoseconds.
 type Batch = Box<dyn Fn() -> Pin<Box<dyn Future<Output = f64>>>>;
 
-fn batch<S>(svc: S, make: MakeRequest) -> Batch
+fn batch<S, B>(svc: S, make: MakeRequest, drain: bool) -> Batch
 where
-    S: Service<Req> + Clone + 'static,
+    S: Service<Req, Response = http::Response<B>> + Clone + 'static,
     S::Error: std::fmt::Debug,
+    B: hyper::body::Body + 'static,
+    B::Error: std::fmt::Debug,
 {
     Box::new(move || {
         let svc = svc.clone();
@@ -104,7 +106,13 @@ where
             let start = Instant::now();
             for _ in 0..BATCH {
                 let response = svc.clone().oneshot(make()).await.expect("200");
-                std::hint::black_box(response);
+                if drain {
+                    // Read to the end, trailers included, as a gRPC client does.
+                    let body = http_body_util::BodyExt::collect(response.into_body()).await;
+                    std::hint::black_box(body.expect("a body"));
+                } else {
+                    std::hint::black_box(response);
+                }
             }
             start.elapsed().as_nanos() as f64 / f64::from(BATCH)
         })
@@ -114,6 +122,7 @@ where
 /// Collects each stack's [`Batch`].
 struct Batches {
     make: MakeRequest,
+    drain: bool,
     stacks: Vec<(&'static str, Batch)>,
 }
 
@@ -125,18 +134,36 @@ impl peers::Visit for Batches {
         B: hyper::body::Body + 'static,
         B::Error: std::fmt::Debug,
     {
-        self.stacks.push((name, batch(svc, self.make)));
+        self.stacks.push((name, batch(svc, self.make, self.drain)));
     }
 }
 
-/// The stacks: [`peers::each`] (`bare` and tower with its budget, the reference, first),
-/// then the shared-state floors only this bench measures.
-fn stacks(make: MakeRequest) -> Vec<(&'static str, Batch)> {
+/// The stacks of a group: [`peers::each`] (`bare` and tower with its budget, the
+/// reference, first), then the shared-state floors only this bench measures.
+fn stacks(make: MakeRequest, upstream: Upstream) -> Vec<(&'static str, Batch)> {
+    match upstream {
+        Upstream::Http => stacks_over(make, false, &stacks::upstream),
+        Upstream::Grpc => stacks_over(make, true, &stacks::grpc_upstream),
+    }
+}
+
+fn stacks_over<S, B>(
+    make: MakeRequest,
+    drain: bool,
+    upstream: &dyn Fn() -> S,
+) -> Vec<(&'static str, Batch)>
+where
+    S: Service<Req, Response = http::Response<B>, Error = tower::BoxError> + Clone + 'static,
+    S::Future: Unpin,
+    B: hyper::body::Body + 'static,
+    B::Error: std::fmt::Debug,
+{
     let mut batches = Batches {
         make,
+        drain,
         stacks: Vec::new(),
     };
-    peers::each(&mut batches, &upstream);
+    peers::each(&mut batches, upstream);
     batches.stacks.extend([
         (
             "tower_retry_tps_budget + shared-state floor",
@@ -146,6 +173,7 @@ fn stacks(make: MakeRequest) -> Vec<(&'static str, Batch)> {
                     .layer(SharedStateLayer::default())
                     .service(upstream()),
                 make,
+                drain,
             ),
         ),
         (
@@ -156,6 +184,7 @@ fn stacks(make: MakeRequest) -> Vec<(&'static str, Batch)> {
                     .layer(SharedStateLayer::default())
                     .service(upstream()),
                 make,
+                drain,
             ),
         ),
     ]);
@@ -172,8 +201,12 @@ fn quantile(values: &mut [f64], q: f64) -> f64 {
 /// One process's measurement of a group: per stack, the median time per call and the
 /// ratio of its median overhead over `bare` (per round, against the same round's
 /// `bare`) to tower with its budget's.
-fn measure(rt: &tokio::runtime::Runtime, make: MakeRequest, rounds: usize) -> Vec<(f64, f64)> {
-    let stacks = stacks(make);
+fn measure(
+    rt: &tokio::runtime::Runtime,
+    (make, upstream): (MakeRequest, Upstream),
+    rounds: usize,
+) -> Vec<(f64, f64)> {
+    let stacks = stacks(make, upstream);
     let n = stacks.len();
     let mut times = vec![Vec::with_capacity(rounds); n];
     // Warm up: one unmeasured round.
@@ -207,12 +240,27 @@ fn measure(rt: &tokio::runtime::Runtime, make: MakeRequest, rounds: usize) -> Ve
 /// How each call's request is made.
 type MakeRequest = fn() -> Req;
 
-/// The groups: a name and how each call's request is made.
-const GROUPS: [(&str, MakeRequest); 2] = [
-    ("overhead: a small GET", request),
-    ("realistic: a PUT with ten headers and a 1 KiB body", || {
-        realistic_request(UPSTREAM)
-    }),
+/// What the stacks of a group call.
+#[derive(Clone, Copy)]
+enum Upstream {
+    /// An HTTP server answering `200 ok`.
+    Http,
+    /// A gRPC server answering a unary call with a message and `grpc-status: 0` in the
+    /// trailers; each call's body is read to its end.
+    Grpc,
+}
+
+/// The groups: a name, how each call's request is made, and what answers it.
+const GROUPS: [(&str, (MakeRequest, Upstream)); 3] = [
+    ("overhead: a small GET", (request, Upstream::Http)),
+    (
+        "realistic: a PUT with ten headers and a 1 KiB body",
+        (|| realistic_request(UPSTREAM), Upstream::Http),
+    ),
+    (
+        "grpc: a unary call, its response read to the trailers",
+        (grpc_request, Upstream::Grpc),
+    ),
 ];
 
 fn main() {
@@ -274,7 +322,10 @@ fn main() {
         }
         results.push(groups);
     }
-    let names: Vec<&str> = stacks(request).iter().map(|(name, _)| *name).collect();
+    let names: Vec<&str> = stacks(request, Upstream::Http)
+        .iter()
+        .map(|(name, _)| *name)
+        .collect();
     for (g, (group, _)) in GROUPS.iter().enumerate() {
         println!(
             "\n{group}: {processes} processes, each {rounds} rounds of {BATCH} calls per stack, \

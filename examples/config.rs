@@ -123,7 +123,7 @@ async fn main() -> Result<(), BoxError> {
     let client = ServiceBuilder::new()
         .layer(RetryLayer::new(payments.retry.clone()))
         .option_layer(payments.hedge.clone().map(HedgeLayer::new))
-        .option_layer(payments.breaker.clone().map(CircuitBreakerLayer::new))
+        .layer(CircuitBreakerLayer::new(payments.breaker_or_off()?))
         .timeout(Duration::from_secs(2))
         .service(Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>());
     let mut ok = 0;

@@ -63,7 +63,8 @@
 //!
 //! [`HttpStack<S>`] and [`ReplayStack<S>`] (and, with the `tonic` feature, [`GrpcStack<S>`])
 //! name the stack's type, so that it can sit in a struct field or an axum `State`
-//! without boxing. Its response future is `Send` when the client's is. When a handler
+//! without boxing. Its responses' body is the client's, wrapped in a
+//! [`breaker::ResponseBody`](crate::breaker::ResponseBody). Its response future is `Send` when the client's is. When a handler
 //! must box the call itself (`Pin<Box<dyn Future<Output = _> + Send>>`), box the
 //! future that [`oneshot`](tower::ServiceExt::oneshot) returns on an owned clone of the
 //! stack, not a future that borrows the stack (`stack.ready().await?.call(r)` inside an
@@ -78,7 +79,8 @@
 //! use tower::ServiceExt;
 //! # type Client = hyper_util::client::legacy::Client<
 //! #     hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
-//! # type Res = http::Response<hyper::body::Incoming>;
+//! // The client's body, through the breaker (which reads a gRPC status in trailers).
+//! type Res = http::Response<stormguard::breaker::ResponseBody<hyper::body::Incoming>>;
 //!
 //! fn call(
 //!     stack: &HttpStack<Client>,
@@ -229,14 +231,7 @@ impl StandardStack {
     #[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
     pub fn from_config(config: &crate::Config, name: &str) -> Result<Self, ConfigError> {
         let dependency = config.dependency(name)?;
-        let breaker = match dependency.breaker {
-            Some(breaker) => breaker,
-            None => CircuitBreaker::builder()
-                .name(name)
-                .consecutive_failures(None)
-                .min_throughput(u32::MAX)
-                .build()?,
-        };
+        let breaker = dependency.breaker_or_off()?;
         StandardStack::builder(name)
             .retry(dependency.retry)
             .breaker(breaker)

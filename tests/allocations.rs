@@ -17,15 +17,15 @@ static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
 #[path = "support/stacks.rs"]
 mod stacks;
 
-use stacks::{realistic_request, request, upstream, NeverRetry, Req, Res, TpsPolicy, UPSTREAM};
+use stacks::{realistic_request, request, upstream, NeverRetry, Req, TpsPolicy, UPSTREAM};
 
 /// Builds a fresh request for each call.
 type MakeRequest = fn() -> Req;
 
 /// Mean allocations of one call (request built by `make` and sent, response dropped).
-fn allocations_per_call<S>(rt: &tokio::runtime::Runtime, make: MakeRequest, svc: S) -> f64
+fn allocations_per_call<S, B>(rt: &tokio::runtime::Runtime, make: MakeRequest, svc: S) -> f64
 where
-    S: Service<Req, Response = Res> + Clone,
+    S: Service<Req, Response = http::Response<B>> + Clone,
     S::Error: std::fmt::Debug,
 {
     const CALLS: usize = 1000;
@@ -47,8 +47,14 @@ where
     region.change().allocations as f64 / CALLS as f64
 }
 
+/// The counting allocator counts every thread: the tests take turns.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn the_success_path_allocates_no_more_than_towers_retry() {
+    let _turn = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()
@@ -107,4 +113,61 @@ fn the_success_path_allocates_no_more_than_towers_retry() {
             );
         }
     }
+}
+
+#[test]
+fn a_grpc_success_read_to_its_trailers_allocates_nothing_in_the_breaker() {
+    let _turn = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("runtime");
+    // Mean allocations of one gRPC call read to its end, trailers included.
+    fn per_call<S, B>(rt: &tokio::runtime::Runtime, svc: S) -> f64
+    where
+        S: Service<Req, Response = http::Response<B>> + Clone,
+        S::Error: std::fmt::Debug,
+        B: http_body::Body,
+        B::Error: std::fmt::Debug,
+    {
+        const CALLS: usize = 1000;
+        let call = |svc: S| async move {
+            let res = svc.oneshot(stacks::grpc_request()).await.expect("200");
+            let body = http_body_util::BodyExt::collect(res.into_body()).await;
+            assert!(body.expect("a body").trailers().is_some());
+        };
+        rt.block_on(async {
+            for _ in 0..100 {
+                call(svc.clone()).await;
+            }
+        });
+        let region = Region::new(GLOBAL);
+        rt.block_on(async {
+            for _ in 0..CALLS {
+                call(svc.clone()).await;
+            }
+        });
+        region.change().allocations as f64 / CALLS as f64
+    }
+    let bare = per_call(&rt, stacks::grpc_upstream());
+    let breaker = CircuitBreaker::builder().build().expect("breaker");
+    let watched = per_call(
+        &rt,
+        ServiceBuilder::new()
+            .layer(CircuitBreakerLayer::new(breaker.clone()))
+            .service(stacks::grpc_upstream()),
+    );
+    println!(
+        "gRPC call read to its trailers, allocations per call: bare {bare}, breaker {watched}"
+    );
+    assert!(
+        bare >= 1.0,
+        "the counting allocator saw {bare} allocations per call"
+    );
+    assert_eq!(watched, bare);
+    // And the breaker saw every call end well.
+    let stats = breaker.stats();
+    assert_eq!((stats.calls, stats.failures), (1100, 0), "{stats:?}");
 }

@@ -6,7 +6,7 @@ use std::task::Poll;
 use std::time::Duration;
 
 use http::{Request, Response, StatusCode};
-use stormguard::breaker::{CircuitBreakerBuilder, CircuitBreakerService, Transition};
+use stormguard::breaker::{CircuitBreakerBuilder, CircuitBreakerService, ResponseBody, Transition};
 use stormguard::BoxError;
 use stormguard::{CircuitBreaker, CircuitBreakerLayer, CircuitOpen, CircuitState};
 use tokio::time::{advance, Instant};
@@ -51,7 +51,10 @@ async fn exchange(svc: &mut Svc, handle: &mut Handle<Req, Res>, status: u16) -> 
     let future = svc.ready().await.expect("ready").call(Request::new(()));
     let (_, send) = next_request(handle).await;
     send.send_response(response(status));
-    future.await.expect("a response")
+    future
+        .await
+        .expect("a response")
+        .map(ResponseBody::into_inner)
 }
 
 /// The next request to reach the inner service; fails (rather than hangs) if none does.
@@ -581,4 +584,130 @@ async fn an_open_circuit_fails_fast_even_when_the_inner_service_is_never_ready()
     );
     handle.allow(1);
     exchange(&mut svc, &mut handle, 200).await;
+}
+
+/// A response body fed by the test, frame by frame.
+#[derive(Debug)]
+struct Fed(tokio::sync::mpsc::UnboundedReceiver<http_body::Frame<bytes::Bytes>>);
+
+impl http_body::Body for Fed {
+    type Data = bytes::Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, BoxError>>> {
+        self.0.poll_recv(cx).map(|frame| frame.map(Ok))
+    }
+}
+
+type GrpcRes = Response<Fed>;
+
+/// A gRPC response whose status will come in trailers, and the sender of its frames.
+fn grpc_stream() -> (
+    GrpcRes,
+    tokio::sync::mpsc::UnboundedSender<http_body::Frame<bytes::Bytes>>,
+) {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let response = Response::builder()
+        .header("content-type", "application/grpc")
+        .body(Fed(rx))
+        .expect("response");
+    (response, tx)
+}
+
+fn grpc_trailers(code: &'static str) -> http_body::Frame<bytes::Bytes> {
+    let mut trailers = http::HeaderMap::new();
+    trailers.insert("grpc-status", http::HeaderValue::from_static(code));
+    http_body::Frame::trailers(trailers)
+}
+
+/// Opens a one-failure breaker over a mock of gRPC streams, waits out its break, and
+/// starts the half-open probe: the probe's body, and the sender of its frames.
+async fn grpc_probe(
+    breaker: &CircuitBreaker,
+    svc: &mut CircuitBreakerService<Mock<Req, GrpcRes>>,
+    handle: &mut Handle<Req, GrpcRes>,
+) -> (
+    ResponseBody<Fed>,
+    tokio::sync::mpsc::UnboundedSender<http_body::Frame<bytes::Bytes>>,
+) {
+    let future = svc.ready().await.expect("ready").call(Request::new(()));
+    let (_, send) = handle.next_request().await.expect("a request");
+    let (response, tx) = grpc_stream();
+    send.send_response(response);
+    let mut body = future.await.expect("a response").into_body();
+    tx.send(grpc_trailers("14")).expect("open body");
+    let _ = http_body_util::BodyExt::frame(&mut body).await;
+    assert_eq!(breaker.state(), CircuitState::Open);
+    advance(BREAK + MS).await;
+    let future = svc.ready().await.expect("ready").call(Request::new(()));
+    let (_, send) = handle.next_request().await.expect("the probe");
+    let (response, tx) = grpc_stream();
+    send.send_response(response);
+    let body = future.await.expect("a response").into_body();
+    (body, tx)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_probe_answered_with_a_long_stream_is_decided_at_its_first_message() {
+    let breaker = builder().consecutive_failures(1).build().expect("breaker");
+    let (mock, mut handle) = mock::pair::<Req, GrpcRes>();
+    let mut svc = CircuitBreakerLayer::new(breaker.clone()).layer(mock);
+    let (mut body, tx) = grpc_probe(&breaker, &mut svc, &mut handle).await;
+    // The probe's head came, with no status: undecided, and its slot still taken.
+    assert_eq!(breaker.state(), CircuitState::HalfOpen);
+    let refused = svc
+        .ready()
+        .await
+        .expect("ready")
+        .call(Request::new(()))
+        .await;
+    let refused = refused.expect_err("the probe slot is taken");
+    assert!(refused.is::<CircuitOpen>(), "{refused}");
+    // Its first message closes the circuit, while the stream goes on.
+    tx.send(http_body::Frame::data(bytes::Bytes::from_static(
+        b"\0\0\0\0\0",
+    )))
+    .expect("open body");
+    let frame = http_body_util::BodyExt::frame(&mut body).await;
+    assert!(frame.is_some_and(|frame| frame.is_ok_and(|frame| frame.is_data())));
+    assert_eq!(breaker.state(), CircuitState::Closed);
+    let future = svc.ready().await.expect("ready").call(Request::new(()));
+    let (_, send) = handle.next_request().await.expect("a call goes through");
+    send.send_response(grpc_stream().0);
+    future.await.expect("a response");
+    // The probe's stream failing later does not reopen the circuit by itself.
+    tx.send(grpc_trailers("14")).expect("open body");
+    let _ = http_body_util::BodyExt::frame(&mut body).await;
+    assert_eq!(breaker.state(), CircuitState::Closed);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_probe_whose_stream_fails_before_any_message_reopens_the_circuit() {
+    let breaker = builder().consecutive_failures(1).build().expect("breaker");
+    let (mock, mut handle) = mock::pair::<Req, GrpcRes>();
+    let mut svc = CircuitBreakerLayer::new(breaker.clone()).layer(mock);
+    let (mut body, tx) = grpc_probe(&breaker, &mut svc, &mut handle).await;
+    tx.send(grpc_trailers("14")).expect("open body");
+    let _ = http_body_util::BodyExt::frame(&mut body).await;
+    assert_eq!(breaker.state(), CircuitState::Open);
+    assert_eq!(breaker.stats().failures, 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_probe_stream_dropped_unread_frees_its_slot() {
+    let breaker = builder().consecutive_failures(1).build().expect("breaker");
+    let (mock, mut handle) = mock::pair::<Req, GrpcRes>();
+    let mut svc = CircuitBreakerLayer::new(breaker.clone()).layer(mock);
+    let (body, _tx) = grpc_probe(&breaker, &mut svc, &mut handle).await;
+    drop(body);
+    // Neither success nor failure: still half-open, and the next call is the probe.
+    assert_eq!(breaker.state(), CircuitState::HalfOpen);
+    let future = svc.ready().await.expect("ready").call(Request::new(()));
+    let (_, send) = handle.next_request().await.expect("the next probe");
+    send.send_response(grpc_stream().0);
+    future.await.expect("a response");
+    assert_eq!(breaker.stats().failures, 1);
 }

@@ -14,7 +14,7 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use stormguard::breaker::CircuitBreakerService;
+use stormguard::breaker::{CircuitBreakerService, ResponseBody};
 use stormguard::BoxError;
 use stormguard::{CircuitBreaker, CircuitBreakerLayer, CircuitOpen, CircuitState};
 use tower::{Layer, Service, ServiceExt};
@@ -56,7 +56,10 @@ async fn start(server: Arc<Server>) -> String {
 
 type Svc = CircuitBreakerService<Client<HttpConnector, Empty<Bytes>>>;
 
-async fn send(svc: &mut Svc, uri: &str) -> Result<http::Response<Incoming>, BoxError> {
+async fn send(
+    svc: &mut Svc,
+    uri: &str,
+) -> Result<http::Response<ResponseBody<Incoming>>, BoxError> {
     let request = http::Request::get(uri)
         .body(Empty::<Bytes>::new())
         .expect("request");

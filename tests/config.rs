@@ -132,7 +132,7 @@ async fn example_file_builds_each_dependency_as_written() -> Result<(), BoxError
     let upstream = Upstream::new();
     let client = ServiceBuilder::new()
         .layer(RetryLayer::new(payments.retry.clone()))
-        .option_layer(payments.breaker.clone().map(CircuitBreakerLayer::new))
+        .layer(CircuitBreakerLayer::new(payments.breaker_or_off()?))
         .service(upstream.service(|_| (MS, status(503))));
     let started = tokio::time::Instant::now();
     let response = client.oneshot(get("/charge")).await?;

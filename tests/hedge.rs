@@ -9,6 +9,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::{HeaderMap, Request, Response};
+use stormguard::breaker::ResponseBody;
 use stormguard::{
     CircuitBreaker, CircuitBreakerLayer, Hedge, HedgeLayer, HedgePolicy, Idempotent, NoRetry,
     RetryBudget,
@@ -413,6 +414,7 @@ async fn an_open_breaker_below_stops_further_hedges() {
         .expect("valid policy");
     let script = Scripted::new(vec![reply(1000, 200), reply(10, 200)]);
     let svc = ServiceBuilder::new()
+        .map_response(|r: Response<ResponseBody<String>>| r.map(ResponseBody::into_inner))
         .layer(HedgeLayer::new(policy.clone()))
         .layer(CircuitBreakerLayer::new(breaker.clone()))
         .service(script.clone());

@@ -18,6 +18,7 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use stormguard::breaker::ResponseBody;
 use stormguard::stack::{HttpStack, StandardStack};
 use stormguard::{BoxError, CircuitState, Deadline};
 use tower::{service_fn, ServiceExt};
@@ -99,7 +100,8 @@ async fn proxy(State(app): State<App>) -> Result<String, StatusCode> {
     Ok(String::from_utf8_lossy(&body).into_owned())
 }
 
-type Boxed = Pin<Box<dyn Future<Output = Result<Response<Incoming>, BoxError>> + Send>>;
+type Boxed =
+    Pin<Box<dyn Future<Output = Result<Response<ResponseBody<Incoming>>, BoxError>> + Send>>;
 
 /// The idiom the stack's docs show for a handler that must box the call as `Send`.
 fn boxed_call(app: &App) -> Boxed {

@@ -5,8 +5,10 @@ use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::BodyExt;
+use stormguard::breaker::ResponseBody;
 use stormguard::{
     Backoff, BoxError, CircuitBreaker, CircuitBreakerLayer, Jitter, RetryBudget, RetryLayer,
     RetryPolicy,
@@ -146,6 +148,10 @@ impl Strategy {
             ),
             Strategy::Stormguard { policy, breaker } => BoxCloneService::new(
                 ServiceBuilder::new()
+                    // The breaker's body (the bytes here, already read) unwrapped.
+                    .map_response(|r: Response<ResponseBody<Bytes>>| {
+                        r.map(ResponseBody::into_inner)
+                    })
                     .layer(RetryLayer::new(policy.clone()))
                     .layer(CircuitBreakerLayer::new(breaker.clone()))
                     .layer(timeout)

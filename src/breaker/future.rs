@@ -9,12 +9,14 @@ use http::Response;
 use pin_project_lite::pin_project;
 use stormguard_core::breaker::Permit;
 
-use super::{BoxError, CircuitBreaker, CircuitOpen};
+use super::body::{ResponseBody, Watch};
+use super::{BoxError, CircuitBreaker, CircuitOpen, Verdict};
 
 pin_project! {
     /// The response of a call through the circuit breaker: the inner service's response,
-    /// whose outcome is reported to the breaker when it completes, or [`CircuitOpen`]
-    /// at once when the breaker refused the call.
+    /// whose outcome is reported to the breaker when it completes (or, for a gRPC
+    /// response whose status is in its trailers, when its [`ResponseBody`] ends), or
+    /// [`CircuitOpen`] at once when the breaker refused the call.
     ///
     /// Dropping it before it completes gives its permit back unused, so a cancelled
     /// half-open probe frees its slot for the next caller.
@@ -30,7 +32,8 @@ pin_project! {
         Called {
             #[pin]
             future: F,
-            guard: Guard,
+            // Taken when the response comes: reported then, or handed to its body.
+            guard: Option<Guard>,
         },
         Rejected {
             error: CircuitOpen,
@@ -41,7 +44,10 @@ pin_project! {
 impl<F> ResponseFuture<F> {
     pub(super) fn called(future: F, guard: Guard) -> Self {
         ResponseFuture {
-            kind: Kind::Called { future, guard },
+            kind: Kind::Called {
+                future,
+                guard: Some(guard),
+            },
         }
     }
 
@@ -57,7 +63,10 @@ impl<F> fmt::Debug for ResponseFuture<F> {
         match &self.kind {
             Kind::Called { guard, .. } => f
                 .debug_struct("ResponseFuture")
-                .field("pending", &guard.permit.is_some())
+                .field(
+                    "pending",
+                    &guard.as_ref().is_some_and(|guard| guard.permit.is_some()),
+                )
                 .finish_non_exhaustive(),
             Kind::Rejected { error } => f
                 .debug_struct("ResponseFuture")
@@ -72,18 +81,31 @@ where
     F: Future<Output = Result<Response<B>, E>>,
     E: Into<BoxError>,
 {
-    type Output = Result<Response<B>, BoxError>;
+    type Output = Result<Response<ResponseBody<B>>, BoxError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().kind.project() {
             KindProj::Called { future, guard } => {
                 let result = ready!(future.poll(cx));
+                let Some(mut guard) = guard.take() else {
+                    // Polled again after it completed: a contract violation of the caller.
+                    return Poll::Ready(Err("polled after completion".into()));
+                };
                 Poll::Ready(match result {
-                    Ok(response) => {
-                        let outcome = guard.breaker.classify_response(&response);
-                        guard.finish(outcome);
-                        Ok(response)
-                    }
+                    Ok(response) => match guard.breaker.classify_response(&response) {
+                        Verdict::Now(outcome) => {
+                            guard.finish(outcome);
+                            Ok(response.map(ResponseBody::plain))
+                        }
+                        Verdict::AtEnd => {
+                            let failure_codes = guard.breaker.shared.failure_grpc_codes;
+                            let watch = Watch {
+                                guard,
+                                failure_codes,
+                            };
+                            Ok(response.map(|body| ResponseBody::watched(body, watch)))
+                        }
+                    },
                     Err(error) => {
                         let error = error.into();
                         guard.finish(CircuitBreaker::classify_error(&*error));
@@ -111,7 +133,13 @@ impl Guard {
         }
     }
 
-    fn finish(&mut self, outcome: stormguard_core::breaker::Outcome) {
+    /// Whether this call is a half-open probe (and not yet reported).
+    pub(super) fn is_probe(&self) -> bool {
+        self.permit.as_ref().is_some_and(Permit::is_probe)
+    }
+
+    /// Reports the call's outcome, once.
+    pub(super) fn finish(&mut self, outcome: stormguard_core::breaker::Outcome) {
         if let Some(permit) = self.permit.take() {
             self.breaker.record(permit, outcome);
         }

@@ -120,6 +120,26 @@
 //! failing everyone else. An ignored probe frees its slot for the next caller.
 //! Everything else (1xx to 3xx, `grpc-status: 0`) is a success.
 //!
+//! # gRPC: the status in the trailers
+//!
+//! A gRPC call that does not fail at once says how it ended only in its trailers: every
+//! server stream, and a unary call whose server sends its headers before its status.
+//! For a `200` response of content type `application/grpc` (or `application/grpc+...`)
+//! with no `grpc-status` in its head, the breaker reads the status in the trailers as
+//! the body goes by ([`ResponseBody`], which buffers nothing) and counts it by the same
+//! rules: a server stream that sends three messages and then `UNAVAILABLE` is a failure.
+//! A body its caller drops before the end is neither a success nor a failure; one that
+//! ends without a status, or with an error of its own, is a failure. A half-open probe
+//! is decided at its first message or its end, whichever comes first, so that a probe
+//! answered with a long stream does not hold the probe slot for the stream's life.
+//! Every other response (plain HTTP, a trailers-only gRPC error) is decided at its
+//! head, and its body passed through untouched. gRPC-Web, whose trailers travel inside
+//! the body, is decided at its head.
+//!
+//! The retry layer never watches trailers: a gRPC response that has started streaming
+//! is committed and never retried (gRFC A6), so its status, if it fails, is the
+//! caller's to see.
+//!
 //! # Example
 //!
 //! ```
@@ -198,12 +218,14 @@ use stormguard_core::breaker::{Breaker, BreakerConfig, Outcome, Permit};
 use stormguard_core::classify::grpc_status;
 use tokio::sync::{watch, Notify};
 
+mod body;
 mod builder;
 pub mod future;
 mod layer;
 mod service;
 
 pub use crate::circuit_open::CircuitOpen;
+pub use body::ResponseBody;
 pub use builder::CircuitBreakerBuilder;
 pub use layer::CircuitBreakerLayer;
 pub use service::CircuitBreakerService;
@@ -214,6 +236,25 @@ use crate::BoxError;
 use stormguard_core::classify::{GrpcCodeSet, StatusSet};
 
 type Callback = Arc<dyn Fn(Transition) + Send + Sync>;
+
+/// When a response's outcome is known.
+#[derive(Debug, PartialEq, Eq)]
+enum Verdict {
+    /// From its head.
+    Now(Outcome),
+    /// At the end of its body: a gRPC response whose status is in its trailers.
+    AtEnd,
+}
+
+/// Whether a response is gRPC over HTTP/2 (`application/grpc`, `application/grpc+proto`,
+/// ...), whose status comes in trailers. gRPC-Web (`application/grpc-web`) sends its
+/// trailers inside the body, where they are not looked for.
+fn is_grpc(headers: &http::HeaderMap) -> bool {
+    headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|value| value.as_bytes().strip_prefix(b"application/grpc"))
+        .is_some_and(|rest| rest.is_empty() || rest[0] == b'+' || rest[0] == b';')
+}
 
 /// The time now, by tokio's clock (which tests may pause), as a std `Instant`.
 fn now() -> Instant {
@@ -416,24 +457,28 @@ impl CircuitBreaker {
         }
     }
 
-    fn classify_response<B>(&self, response: &Response<B>) -> Outcome {
-        if let Some(code) = grpc_status(response.headers()) {
-            return if code == 0 {
+    fn classify_response<B>(&self, response: &Response<B>) -> Verdict {
+        let headers = response.headers();
+        if let Some(code) = grpc_status(headers) {
+            return Verdict::Now(if code == 0 {
                 Outcome::Success
             } else if self.shared.failure_grpc_codes.contains(code) {
                 Outcome::Failure
             } else {
                 Outcome::Ignored
-            };
+            });
         }
         let status = response.status();
-        if self.shared.failure_statuses.contains(status) {
+        if status == http::StatusCode::OK && is_grpc(headers) {
+            return Verdict::AtEnd;
+        }
+        Verdict::Now(if self.shared.failure_statuses.contains(status) {
             Outcome::Failure
         } else if status.is_client_error() || status.is_server_error() {
             Outcome::Ignored
         } else {
             Outcome::Success
-        }
+        })
     }
 
     /// Every error is the dependency's failure, but a nested breaker's refusal, which
@@ -515,7 +560,10 @@ mod tests {
     #[test]
     fn classifies_responses() {
         let breaker = CircuitBreaker::default();
-        let outcome = |status, grpc| breaker.classify_response(&response(status, grpc));
+        let outcome = |status, grpc| match breaker.classify_response(&response(status, grpc)) {
+            Verdict::Now(outcome) => outcome,
+            Verdict::AtEnd => panic!("no gRPC content type: known from the head"),
+        };
         for s in [200, 204, 301, 304] {
             assert_eq!(outcome(s, None), Outcome::Success, "{s}");
         }
@@ -532,6 +580,44 @@ mod tests {
         assert_eq!(outcome(200, Some("5")), Outcome::Ignored);
         // grpc-status wins over the HTTP status.
         assert_eq!(outcome(503, Some("0")), Outcome::Success);
+    }
+
+    #[test]
+    fn a_grpc_response_without_a_status_in_its_head_is_decided_at_its_end() {
+        let breaker = CircuitBreaker::default();
+        let verdict = |status, content_type: &'static str, grpc| {
+            let mut response = response(status, grpc);
+            response.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static(content_type),
+            );
+            breaker.classify_response(&response)
+        };
+        for grpc in [
+            "application/grpc",
+            "application/grpc+proto",
+            "application/grpc;x=1",
+        ] {
+            assert_eq!(verdict(200, grpc, None), Verdict::AtEnd, "{grpc}");
+            // Trailers-only: the status is in the head.
+            assert_eq!(
+                verdict(200, grpc, Some("14")),
+                Verdict::Now(Outcome::Failure)
+            );
+            // Not 200: what HTTP says.
+            assert_eq!(verdict(503, grpc, None), Verdict::Now(Outcome::Failure));
+        }
+        for other in [
+            "application/grpc-web",
+            "application/grpcx",
+            "application/json",
+        ] {
+            assert_eq!(
+                verdict(200, other, None),
+                Verdict::Now(Outcome::Success),
+                "{other}"
+            );
+        }
     }
 
     #[test]

@@ -12,6 +12,7 @@ use tower_service::Service;
 use crate::BoxError;
 
 use super::future::{Guard, ResponseFuture};
+use super::ResponseBody;
 use super::{now, CircuitBreaker, CircuitState};
 
 /// The service made by [`CircuitBreakerLayer`](super::CircuitBreakerLayer): calls the inner service while the
@@ -131,7 +132,7 @@ where
     S: Service<Request<B>, Response = Response<ResB>>,
     S::Error: Into<BoxError>,
 {
-    type Response = Response<ResB>;
+    type Response = Response<ResponseBody<ResB>>;
     type Error = BoxError;
     type Future = ResponseFuture<S::Future>;
 

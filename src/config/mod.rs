@@ -40,10 +40,11 @@
 //!
 //! let config = Config::from_toml(include_str!("../../examples/stormguard.toml"))?;
 //! let payments = config.dependency("payments")?;
+//! let breaker = payments.breaker_or_off()?;
 //! let client = ServiceBuilder::new()
 //!     .layer(RetryLayer::new(payments.retry))
 //!     .option_layer(payments.hedge.map(HedgeLayer::new))
-//!     .option_layer(payments.breaker.map(CircuitBreakerLayer::new))
+//!     .layer(CircuitBreakerLayer::new(breaker))
 //!     // Per attempt: set it above the dependency's slowest healthy answer; a timed-out
 //!     // attempt is charged two wasted retries.
 //!     .timeout(Duration::from_secs(2))
@@ -52,7 +53,7 @@
 //!     }));
 //!
 //! let response = client.oneshot(http::Request::new(Full::from("order 7"))).await?;
-//! assert_eq!(response.into_body(), "paid");
+//! assert_eq!(response.into_body().into_inner(), "paid");
 //!
 //! let err = Config::from_toml("[dependencies.payments.retry]\nmax_attempts = 0").unwrap_err();
 //! assert_eq!(err.to_string(), "dependencies.payments.retry.max_attempts: 0 is not in 1..=100");
@@ -165,9 +166,9 @@ pub struct Config {
 /// One dependency's parts, for a `ServiceBuilder`.
 ///
 /// Layer them outermost first: `RetryLayer::new(retry)`, then
-/// `HedgeLayer::new(hedge)` if there is one, then `CircuitBreakerLayer::new(breaker)`
-/// if there is one, then the per-attempt timeout (see the crate docs for why that
-/// order).
+/// `HedgeLayer::new(hedge)` if there is one, then the breaker
+/// (`CircuitBreakerLayer::new(breaker_or_off()?)`), then the per-attempt timeout (see
+/// the crate docs for why that order).
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct Dependency {
@@ -182,6 +183,26 @@ pub struct Dependency {
     /// The hedge policy when the file has a `hedging` section or the service config a
     /// `hedgingPolicy`, sharing the budget.
     pub hedge: Option<HedgePolicy>,
+}
+
+impl Dependency {
+    /// The circuit breaker whatever the file says: [`breaker`](Self::breaker), or, when
+    /// the file turns it off, one that never opens (named after the dependency, its
+    /// calls still counted in its stats and metrics). For a stack whose type must not
+    /// depend on the file: a `ServiceBuilder::option_layer` of the breaker does not
+    /// compile, since the breaker's responses have a body type of their own
+    /// ([`breaker::ResponseBody`](crate::breaker::ResponseBody)) and the two arms of
+    /// the `Either` would differ.
+    pub fn breaker_or_off(&self) -> Result<CircuitBreaker, ConfigError> {
+        match &self.breaker {
+            Some(breaker) => Ok(breaker.clone()),
+            None => CircuitBreaker::builder()
+                .name(self.retry.name())
+                .consecutive_failures(None)
+                .min_throughput(u32::MAX)
+                .build(),
+        }
+    }
 }
 
 impl fmt::Debug for Config {

@@ -129,7 +129,8 @@
 //!     }));
 //!
 //! let response = client.oneshot(http::Request::new(Full::from("hi"))).await?;
-//! assert_eq!(response.into_body(), "hello");
+//! // The body through the breaker, unwrapped.
+//! assert_eq!(response.into_body().into_inner(), "hello");
 //! assert_eq!(hedge.stats().requests, 1);
 //! # Ok(())
 //! # }

@@ -3,14 +3,16 @@
 //! one), an always-200 upstream, tower's least retry policy, and a tower policy with
 //! tower's `TpsBudget`.
 
+use std::convert::Infallible;
 use std::future::{ready, Ready};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue};
-use http::{Method, Request, Response};
-use http_body_util::Full;
+use http::{HeaderMap, Method, Request, Response};
+use http_body_util::combinators::WithTrailers;
+use http_body_util::{BodyExt, Full};
 use tower::retry::budget::{Budget, TpsBudget};
 use tower::retry::Policy;
 use tower::{service_fn, BoxError, Service};
@@ -73,6 +75,43 @@ pub(crate) fn upstream(
 ) -> impl Service<Req, Response = Res, Error = BoxError, Future = Ready<Result<Res, BoxError>>> + Clone
 {
     service_fn(|_req: Req| ready(Ok(Response::new(Full::new(Bytes::from_static(b"ok"))))))
+}
+
+/// A unary gRPC call as tonic sends one, built afresh for each call: `POST`,
+/// `application/grpc`, `te: trailers`, a five-byte empty message.
+#[allow(dead_code)] // overhead.rs measures plain HTTP only
+pub(crate) fn grpc_request() -> Req {
+    Request::post("http://upstream/stormguard.bench.Items/Get")
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(Full::new(Bytes::from_static(&[0, 0, 0, 0, 0])))
+        .expect("request")
+}
+
+/// A gRPC response's body: one message, then trailers.
+pub(crate) type GrpcBody = WithTrailers<Full<Bytes>, Ready<Option<Result<HeaderMap, Infallible>>>>;
+
+/// What a gRPC server answers a unary call that succeeds: `200`, `application/grpc`,
+/// the message, and `grpc-status: 0` in the trailers (so a layer that watches the end
+/// of the stream pays for it here).
+#[allow(dead_code)] // overhead.rs measures plain HTTP only
+pub(crate) fn grpc_upstream() -> impl Service<
+    Req,
+    Response = Response<GrpcBody>,
+    Error = BoxError,
+    Future = Ready<Result<Response<GrpcBody>, BoxError>>,
+> + Clone {
+    service_fn(|_req: Req| {
+        let mut trailers = HeaderMap::new();
+        trailers.insert("grpc-status", HeaderValue::from_static("0"));
+        let body = Full::new(Bytes::from_static(&[0, 0, 0, 0, 2, 8, 7]))
+            .with_trailers(ready(Some(Ok(trailers))));
+        let response = Response::builder()
+            .header("content-type", "application/grpc")
+            .body(body)
+            .map_err(BoxError::from);
+        ready(response)
+    })
 }
 
 /// The least a tower retry policy can do: clone the request, never retry.
