@@ -19,7 +19,8 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use stormguard::{RetryLayer, RetryPolicy};
+use stormguard::breaker::ResponseBody;
+use stormguard::{CircuitBreaker, CircuitBreakerLayer, RetryLayer, RetryPolicy};
 use tokio::net::TcpListener;
 use tower::util::BoxCloneService;
 use tower::{BoxError, ServiceBuilder, ServiceExt};
@@ -129,12 +130,14 @@ fn no_retries(protocol: Protocol) -> Svc {
     )
 }
 
-/// The README's stack with the default policy.
-fn stormguard(protocol: Protocol, policy: RetryPolicy) -> Svc {
+/// The standard stack's layers with the default policy and breaker.
+fn stormguard(protocol: Protocol, policy: RetryPolicy, breaker: CircuitBreaker) -> Svc {
     let client = client(protocol);
     BoxCloneService::new(
         ServiceBuilder::new()
+            .map_response(|r: Response<ResponseBody<Incoming>>| r.map(ResponseBody::into_inner))
             .layer(RetryLayer::new(policy))
+            .layer(CircuitBreakerLayer::new(breaker))
             .timeout(Duration::from_secs(5))
             .service(client),
     )
@@ -215,7 +218,8 @@ async fn drain_test(protocol: Protocol) {
 
     let (addr, processed) = draining_server(protocol).await;
     let policy = RetryPolicy::default();
-    let failures = run(stormguard(protocol, policy.clone()), addr).await;
+    let breaker = CircuitBreaker::default();
+    let failures = run(stormguard(protocol, policy.clone(), breaker.clone()), addr).await;
     let (posts_twice, gets_twice) = processed_twice(&processed);
     let processed = processed.lock().expect("lock");
     // A failure of a request the server did process (its response lost as the
@@ -234,14 +238,19 @@ async fn drain_test(protocol: Protocol) {
          no retries: {} errors at the caller\n  \
          stormguard defaults: {} errors ({} of requests the server never processed), \
          {} transparent retries, {} retries, {} budget denials, \
-         POSTs processed twice {posts_twice}, GETs twice {gets_twice}",
+         POSTs processed twice {posts_twice}, GETs twice {gets_twice}; \
+         breaker: {:?}",
         plain.ids.len(),
         failures.ids.len(),
         unprocessed.len(),
         stats.transparent_retries,
         stats.retries,
-        stats.budget_denied
+        stats.budget_denied,
+        breaker.stats()
     );
+    // A graceful drain is no failure of the dependency: its refusals never make a run
+    // that opens the circuit.
+    assert_eq!(breaker.stats().transitions, 0, "{:?}", breaker.stats());
     assert_eq!(
         unprocessed,
         Vec::<u64>::new(),

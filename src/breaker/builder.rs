@@ -215,6 +215,7 @@ impl CircuitBreakerBuilder {
                 calls: AtomicU64::new(0),
                 failures: AtomicU64::new(0),
                 rejected: AtomicU64::new(0),
+                refused: AtomicU64::new(0),
                 transitions: AtomicU64::new(0),
                 #[cfg(feature = "metrics")]
                 metrics: crate::metrics::BreakerMetrics::default(),

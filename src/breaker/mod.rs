@@ -112,6 +112,13 @@
 //! - Every error from the inner service (connection refused, reset, timeout...), except
 //!   a [`CircuitOpen`] anywhere in its `source()` chain: that comes from another breaker
 //!   nested below, which already counted the failures it saw.
+//! - A call the dependency turned away before doing any work (an HTTP/2
+//!   `REFUSED_STREAM`, a GOAWAY the call's stream was above) counts only toward the
+//!   failures in a row, which a success ends, and not in the window's ratio: a graceful
+//!   drain (an nginx reload, a rolling restart) refuses the few calls in flight on the
+//!   connection it closes while the calls around them succeed, so it never trips the
+//!   circuit, while a dependency that refuses every stream, or answers every connection
+//!   with a GOAWAY, makes an unbroken run and does (after 100 by default).
 //!
 //! Other 4xx responses (and gRPC codes outside the set, such as `INVALID_ARGUMENT`) are
 //! the caller's fault and say nothing about the dependency's health: they are *ignored*.
@@ -271,6 +278,10 @@ pub struct BreakerStats {
     pub failures: u64,
     /// Calls refused with [`CircuitOpen`].
     pub rejected: u64,
+    /// Calls the dependency turned away unprocessed (an HTTP/2 `REFUSED_STREAM`, a
+    /// GOAWAY the call was above), which count only in a run of failures in a row (see
+    /// [`Outcome::Refused`](stormguard_core::breaker::Outcome::Refused)).
+    pub refused: u64,
     /// State transitions.
     pub transitions: u64,
 }
@@ -289,6 +300,7 @@ struct Shared {
     calls: AtomicU64,
     failures: AtomicU64,
     rejected: AtomicU64,
+    refused: AtomicU64,
     transitions: AtomicU64,
     #[cfg(feature = "metrics")]
     metrics: crate::metrics::BreakerMetrics,
@@ -389,6 +401,7 @@ impl CircuitBreaker {
             calls: s.calls.load(Ordering::Relaxed),
             failures: s.failures.load(Ordering::Relaxed),
             rejected: s.rejected.load(Ordering::Relaxed),
+            refused: s.refused.load(Ordering::Relaxed),
             transitions: s.transitions.load(Ordering::Relaxed),
         }
     }
@@ -437,9 +450,11 @@ impl CircuitBreaker {
     /// Reports the outcome of a call made with `permit`.
     fn record(&self, permit: Permit, outcome: Outcome) {
         let probe = permit.is_probe();
-        if outcome == Outcome::Failure {
-            self.shared.failures.fetch_add(1, Ordering::Relaxed);
-        }
+        match outcome {
+            Outcome::Failure => self.shared.failures.fetch_add(1, Ordering::Relaxed),
+            Outcome::Refused => self.shared.refused.fetch_add(1, Ordering::Relaxed),
+            Outcome::Success | Outcome::Ignored => 0,
+        };
         let transition = self.shared.breaker.record(permit, outcome, now());
         self.emit(transition);
         if probe && transition.is_none() {
@@ -482,15 +497,16 @@ impl CircuitBreaker {
     }
 
     /// Every error is the dependency's failure, but a nested breaker's refusal, which
-    /// that breaker has already counted, and the caller's own.
+    /// that breaker has already counted, the caller's own, and a call the dependency
+    /// turned away unprocessed, which counts only in a run of failures in a row.
     fn classify_error(error: &(dyn std::error::Error + 'static)) -> Outcome {
         match crate::error_class::classify_chain(error) {
-            // A nested breaker counted it already; a refused stream or a draining
-            // connection says nothing about the dependency's health, nor does a request
-            // body that failed on the caller's side.
-            ErrorClass::CircuitOpen | ErrorClass::Unprocessed | ErrorClass::Local => {
-                Outcome::Ignored
-            }
+            // A nested breaker counted it already; a request body that failed on the
+            // caller's side says nothing about the dependency's health.
+            ErrorClass::CircuitOpen | ErrorClass::Local => Outcome::Ignored,
+            // A refused stream or a draining connection: one is a graceful drain, an
+            // unbroken run is a dependency that refuses everything.
+            ErrorClass::Unprocessed => Outcome::Refused,
             _ => Outcome::Failure,
         }
     }

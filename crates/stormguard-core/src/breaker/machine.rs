@@ -261,6 +261,19 @@ impl Breaker {
                 }
                 None
             }
+            // In the run of failures in a row only: see `Outcome::Refused`.
+            Outcome::Refused => match self.config.consecutive_failures {
+                Some(limit)
+                    if self
+                        .consecutive
+                        .fetch_add(1, Ordering::Relaxed)
+                        .saturating_add(1)
+                        >= limit =>
+                {
+                    self.trip(generation, now)
+                }
+                _ => None,
+            },
             Outcome::Failure => {
                 let epoch = self.window.record(self.nanos(now), true);
                 let streak = match self.config.consecutive_failures {
@@ -294,7 +307,7 @@ impl Breaker {
                 self.release_probe(generation);
                 None
             }
-            Outcome::Failure => {
+            Outcome::Failure | Outcome::Refused => {
                 let mut breaks = self.lock();
                 let word = self.load();
                 if !word.is(CircuitState::HalfOpen, generation) {

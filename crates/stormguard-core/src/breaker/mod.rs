@@ -195,6 +195,15 @@ pub enum Outcome {
     /// The call says nothing about the dependency's health (a 4xx: the caller's fault).
     /// It is not counted, but it frees a probe slot.
     Ignored,
+    /// The dependency turned the call away before doing any work for it: an HTTP/2
+    /// `REFUSED_STREAM`, a GOAWAY that the call's stream was above. One refusal says
+    /// little (a graceful drain refuses the few calls in flight on the connection it
+    /// closes, while every other call, and the refused ones sent again, succeed), but a
+    /// dependency that refuses every call is down. So a refusal counts toward the
+    /// failures *in a row* ([`consecutive_failures`](BreakerConfigBuilder::consecutive_failures)),
+    /// which a success ends, and not in the window's ratio; a refused probe is a failed
+    /// probe. Without the rule of failures in a row, refusals are not counted.
+    Refused,
 }
 
 /// Leave to make one call, from [`Breaker::try_acquire`].
@@ -307,6 +316,54 @@ mod tests {
         assert_eq!(c.max_break_duration(), Duration::from_millis(25));
         assert_eq!(c.probes(), 1);
         assert_eq!(c.jitter(), 0.2);
+    }
+
+    #[test]
+    fn refusals_count_in_a_row_only() {
+        let now = Instant::now();
+        // Refusals in a row trip the circuit like failures in a row...
+        let b = breaker(config().consecutive_failures(5));
+        for _ in 0..4 {
+            assert_eq!(call(&b, Outcome::Refused, now), None);
+        }
+        assert_eq!(call(&b, Outcome::Refused, now), t(Closed, Open));
+        // ...and they mix with failures in one run.
+        let b = breaker(config().consecutive_failures(5).min_throughput(100));
+        for outcome in [Outcome::Failure, Outcome::Refused].iter().cycle().take(4) {
+            assert_eq!(call(&b, *outcome, now), None);
+        }
+        assert_eq!(call(&b, Outcome::Refused, now), t(Closed, Open));
+        // A success ends the run: a drain's refusals between successes never trip it.
+        let b = breaker(config().consecutive_failures(5));
+        for _ in 0..100 {
+            for _ in 0..4 {
+                call(&b, Outcome::Refused, now);
+            }
+            call(&b, Outcome::Success, now);
+        }
+        assert_eq!(b.state(now), Closed);
+        // They are not in the window's ratio: 100 refusals among 10 calls' window.
+        let b = breaker(config());
+        for _ in 0..100 {
+            call(&b, Outcome::Refused, now);
+        }
+        assert_eq!(b.state(now), Closed);
+        for _ in 0..9 {
+            call(&b, Outcome::Success, now);
+        }
+        call(&b, Outcome::Failure, now);
+        assert_eq!(b.state(now), Closed);
+    }
+
+    #[test]
+    fn a_refused_probe_is_a_failed_probe() {
+        let now = Instant::now();
+        let b = breaker(config());
+        tripped(&b, now);
+        let later = now + 5 * SEC;
+        let probe = b.try_acquire(later).expect("the probe");
+        assert!(probe.is_probe());
+        assert_eq!(b.record(probe, Outcome::Refused, later), t(HalfOpen, Open));
     }
 
     #[test]
