@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Request, Response, StatusCode};
-use stormguard::signals::{InboundAttempt, SignalsLayer};
+use stormguard::signals::{InboundAttempt, ResponseBody, SignalsLayer};
 use stormguard::{Backoff, Jitter, RetryBudget, RetryLayer, RetryPolicy};
 use tower::util::BoxCloneService;
 use tower::{service_fn, BoxError, ServiceBuilder, ServiceExt};
@@ -84,7 +84,12 @@ fn middle(dependency: Svc, outbound: RetryPolicy, layer: SignalsLayer, fallback:
             Ok::<_, BoxError>(answer.body(String::new()).expect("response"))
         }
     });
-    BoxCloneService::new(ServiceBuilder::new().layer(layer).service(handler))
+    BoxCloneService::new(
+        ServiceBuilder::new()
+            .map_response(|r: Response<ResponseBody<String>>| r.map(ResponseBody::into_inner))
+            .layer(layer)
+            .service(handler),
+    )
 }
 
 fn request() -> Request<String> {
@@ -214,6 +219,100 @@ async fn handlers_see_the_attempt_number() {
             .body(())
             .expect("request");
         let res = server.clone().oneshot(req).await.expect("response");
-        assert_eq!(*res.body(), attempt, "{name}: {value}");
+        assert_eq!(*res.body().get_ref(), attempt, "{name}: {value}");
     }
+}
+
+/// A body made of a stream of frames.
+type StreamedBody = http_body_util::StreamBody<
+    std::pin::Pin<
+        Box<
+            dyn futures_util::Stream<Item = Result<http_body::Frame<bytes::Bytes>, BoxError>>
+                + Send,
+        >,
+    >,
+>;
+
+/// A gRPC server stream's body: one message, then trailers with `grpc-status: code`.
+/// With `outbound`, the message is produced by an outbound call made while the body is
+/// polled (as a stream that calls a dependency for each item does).
+fn stream_body(code: &'static str, outbound: Option<Svc>) -> StreamedBody {
+    use futures_util::StreamExt;
+    let message = futures_util::stream::once(async move {
+        if let Some(client) = outbound {
+            // Its failure is the stream's: it ends with the status below.
+            let _ = client.oneshot(request()).await;
+        }
+        Ok(http_body::Frame::data(bytes::Bytes::from_static(
+            b"\0\0\0\0\0",
+        )))
+    });
+    let mut trailers = http::HeaderMap::new();
+    trailers.insert("grpc-status", http::HeaderValue::from_static(code));
+    let end = futures_util::stream::once(async move { Ok(http_body::Frame::trailers(trailers)) });
+    http_body_util::StreamBody::new(message.chain(end).boxed())
+}
+
+/// The trailers a server stream through the signals layer ends with: its handler (or,
+/// with `in_stream`, its stream) calls a dependency answering `bottom_status` through
+/// a retry layer, and the stream ends with `code`.
+async fn trailers_of(bottom_status: u16, code: &'static str, in_stream: bool) -> http::HeaderMap {
+    use http_body_util::BodyExt;
+    let seen = Arc::new(AtomicU32::new(0));
+    let client: Svc = BoxCloneService::new(
+        ServiceBuilder::new()
+            .layer(RetryLayer::new(policy(plenty())))
+            .service(bottom(bottom_status, false, seen)),
+    );
+    let server = ServiceBuilder::new()
+        .layer(SignalsLayer::new())
+        .service(service_fn(move |_req: Request<String>| {
+            let client = client.clone();
+            async move {
+                let outbound = if in_stream {
+                    Some(client)
+                } else {
+                    let _ = client.oneshot(request()).await;
+                    None
+                };
+                let response = Response::builder()
+                    .header("content-type", "application/grpc")
+                    .body(stream_body(code, outbound))
+                    .expect("response");
+                Ok::<_, BoxError>(response)
+            }
+        }));
+    let res = server.oneshot(request()).await.expect("response");
+    assert!(
+        res.headers().get("grpc-retry-pushback-ms").is_none(),
+        "the head is gone"
+    );
+    let collected = res.into_body().collect().await.expect("body");
+    collected.trailers().cloned().expect("trailers")
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stream_failing_after_a_give_up_is_marked_in_its_trailers() {
+    let trailers = trailers_of(503, "14", false).await;
+    assert_eq!(trailers["grpc-retry-pushback-ms"], "-1");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_give_up_while_the_stream_is_produced_marks_its_trailers() {
+    let trailers = trailers_of(503, "14", true).await;
+    assert_eq!(trailers["grpc-retry-pushback-ms"], "-1");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stream_that_succeeds_or_fails_without_a_give_up_is_not_marked() {
+    // The outbound call gave up, but the stream ended well.
+    assert!(trailers_of(503, "0", false)
+        .await
+        .get("grpc-retry-pushback-ms")
+        .is_none());
+    // The stream failed, but no outbound call gave up.
+    assert!(trailers_of(200, "14", true)
+        .await
+        .get("grpc-retry-pushback-ms")
+        .is_none());
 }

@@ -253,16 +253,6 @@ enum Verdict {
     AtEnd,
 }
 
-/// Whether a response is gRPC over HTTP/2 (`application/grpc`, `application/grpc+proto`,
-/// ...), whose status comes in trailers. gRPC-Web (`application/grpc-web`) sends its
-/// trailers inside the body, where they are not looked for.
-fn is_grpc(headers: &http::HeaderMap) -> bool {
-    headers
-        .get(http::header::CONTENT_TYPE)
-        .and_then(|value| value.as_bytes().strip_prefix(b"application/grpc"))
-        .is_some_and(|rest| rest.is_empty() || rest[0] == b'+' || rest[0] == b';')
-}
-
 /// The time now, by tokio's clock (which tests may pause), as a std `Instant`.
 fn now() -> Instant {
     tokio::time::Instant::now().into_std()
@@ -280,7 +270,7 @@ pub struct BreakerStats {
     pub rejected: u64,
     /// Calls the dependency turned away unprocessed (an HTTP/2 `REFUSED_STREAM`, a
     /// GOAWAY the call was above), which count only in a run of failures in a row (see
-    /// [`Outcome::Refused`](stormguard_core::breaker::Outcome::Refused)).
+    /// [`Outcome::Refused`]).
     pub refused: u64,
     /// State transitions.
     pub transitions: u64,
@@ -484,7 +474,7 @@ impl CircuitBreaker {
             });
         }
         let status = response.status();
-        if status == http::StatusCode::OK && is_grpc(headers) {
+        if stormguard_core::classify::status_in_trailers(status, headers) {
             return Verdict::AtEnd;
         }
         Verdict::Now(if self.shared.failure_statuses.contains(status) {

@@ -11,7 +11,7 @@ use http::Response;
 use pin_project_lite::pin_project;
 use tokio::task::futures::TaskLocalFuture;
 
-use super::{give_up_of, mark, Inbound};
+use super::{give_up_of, mark, Inbound, ResponseBody};
 
 pin_project! {
     /// The response future of [`Signals`](super::Signals): the inner response, marked "do not retry"
@@ -39,7 +39,7 @@ impl<F, ResB, E> Future for ResponseFuture<F>
 where
     F: Future<Output = Result<Response<ResB>, E>>,
 {
-    type Output = Result<Response<ResB>, E>;
+    type Output = Result<Response<ResponseBody<ResB>>, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
@@ -48,6 +48,13 @@ where
         if let (Ok(res), Some(why)) = (&mut result, give_up_of(gave_up)) {
             mark(res, why);
         }
-        Poll::Ready(result)
+        Poll::Ready(result.map(|res| {
+            if stormguard_core::classify::status_in_trailers(res.status(), res.headers()) {
+                let inbound = Arc::clone(this.inbound);
+                res.map(|body| ResponseBody::watched(body, inbound))
+            } else {
+                res.map(ResponseBody::plain)
+            }
+        }))
     }
 }

@@ -41,15 +41,17 @@
 //!     }));
 //! let req = Request::get("/").header("x-attempt-count", "2").body(()).unwrap();
 //! let res = server.oneshot(req).await?;
-//! assert_eq!(res.into_body(), "attempt 2");
+//! assert_eq!(res.into_body().into_inner(), "attempt 2");
 //! # Ok(())
 //! # }
 //! ```
 //!
 //! With axum: `Router::new().route(...).layer(SignalsLayer::new())`; with tonic:
-//! `Server::builder().layer(SignalsLayer::new())`. A gRPC error is marked when it is a
-//! trailers-only response (how tonic answers a unary call that returns an error);
-//! a status sent in trailers after a streamed body is left as it is.
+//! `Server::builder().layer(SignalsLayer::new())`. A gRPC error is marked where its
+//! status is: in the head of a trailers-only response (how tonic answers a unary call
+//! that returns an error), or in the trailers after a streamed body, where the
+//! response's [`ResponseBody`] adds the pushback (and polls the stream in the inbound
+//! request's scope, so that outbound calls the stream makes count as the handler's).
 //!
 //! # Measured: three hops
 //!
@@ -90,9 +92,11 @@ use tower_service::Service;
 
 use crate::give_up::GiveUp;
 
+mod body;
 pub mod future;
 mod layer;
 
+pub use body::ResponseBody;
 pub use future::ResponseFuture;
 pub use layer::SignalsLayer;
 
@@ -181,7 +185,7 @@ impl<S, B, ResB> Service<Request<B>> for Signals<S>
 where
     S: Service<Request<B>, Response = Response<ResB>>,
 {
-    type Response = Response<ResB>;
+    type Response = Response<ResponseBody<ResB>>;
     type Error = S::Error;
     type Future = ResponseFuture<S::Future>;
 

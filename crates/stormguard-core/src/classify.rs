@@ -274,6 +274,30 @@ pub fn grpc_status(headers: &HeaderMap) -> Option<i32> {
     value.parse().ok()
 }
 
+/// Whether a response's status is in its trailers: a `200` of a gRPC content type
+/// (`application/grpc`, `application/grpc+proto`, `application/grpc;...`) with no
+/// `grpc-status` in its head, as every server stream and some unary answers are.
+/// gRPC-Web (`application/grpc-web`) carries its trailers inside the body: not this.
+///
+/// ```
+/// use http::{HeaderMap, HeaderValue, StatusCode};
+/// use stormguard_core::classify::status_in_trailers;
+///
+/// let mut head = HeaderMap::new();
+/// head.insert("content-type", HeaderValue::from_static("application/grpc"));
+/// assert!(status_in_trailers(StatusCode::OK, &head));
+/// head.insert("grpc-status", HeaderValue::from_static("14")); // trailers-only
+/// assert!(!status_in_trailers(StatusCode::OK, &head));
+/// ```
+pub fn status_in_trailers(status: StatusCode, headers: &HeaderMap) -> bool {
+    status == StatusCode::OK
+        && headers
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|value| value.as_bytes().strip_prefix(b"application/grpc"))
+            .is_some_and(|rest| rest.is_empty() || rest[0] == b'+' || rest[0] == b';')
+        && grpc_status(headers).is_none()
+}
+
 /// Whether a failed response says not to retry it: [`X_NO_RETRY`], Finagle's
 /// [`FINAGLE_NONRETRYABLE_NACK`], or Envoy's [`X_ENVOY_OVERLOADED`] or
 /// [`X_ENVOY_RATELIMITED`] (a proxy that shed the request: retrying adds load where
