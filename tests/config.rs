@@ -360,3 +360,66 @@ fn bad_files_name_the_path_and_the_rule() {
         "dependencies.billing: not in the configuration (it has: cache, inventory, payments, search, users)"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_method_configs_timeout_is_the_calls_deadline() -> Result<(), BoxError> {
+    // The service's calls have 1 s; the first retry waits 2 s, past it.
+    let config = Config::from_grpc_service_config(
+        r#"{"methodConfig": [
+            {"name": [{"service": "s.S"}], "timeout": "1s",
+             "retryPolicy": {"maxAttempts": 3, "initialBackoff": "2s", "maxBackoff": "2s",
+                             "backoffMultiplier": 1, "retryableStatusCodes": ["UNAVAILABLE"]}},
+            {"name": [{"service": "s.S", "method": "Long"}],
+             "retryPolicy": {"maxAttempts": 3, "initialBackoff": "2s", "maxBackoff": "2s",
+                             "backoffMultiplier": 1, "retryableStatusCodes": ["UNAVAILABLE"]}}
+        ]}"#,
+    )?;
+    let dependency = config.dependency("default")?;
+    fill_budget(&dependency.retry, "/s.S/Get").await?;
+    let upstream = Upstream::new();
+    let client = ServiceBuilder::new()
+        .layer(RetryLayer::new(dependency.retry.clone()))
+        .service(upstream.service(|_| (MS, grpc("14"))));
+    // Full jitter draws the wait in [0, 2 s): a draw under the second left is waited
+    // out. Over twenty calls, every retry the deadline allows starts within it, and
+    // some draws fall past it and are given up as `deadline`.
+    let mut past = 0;
+    for _ in 0..20 {
+        let start = tokio::time::Instant::now();
+        let response = client.clone().oneshot(grpc_call("/s.S/Get")).await?;
+        assert_eq!(response.headers()["grpc-status"], "14");
+        assert!(
+            start.elapsed() < Duration::from_secs(1) + 10 * MS,
+            "{:?}",
+            start.elapsed()
+        );
+        past += u64::from(Attempts::of(&response) < 3);
+        upstream.take_paths();
+    }
+    assert!(
+        past > 0 && dependency.retry.stats().deadline == past,
+        "{:?}",
+        dependency.retry.stats()
+    );
+    // A method whose own config has no timeout gets none from its service's entry: its
+    // retries wait their 2 s.
+    let start = tokio::time::Instant::now();
+    let response = client.clone().oneshot(grpc_call("/s.S/Long")).await?;
+    assert!(
+        start.elapsed() >= Duration::from_secs(1),
+        "{:?}",
+        start.elapsed()
+    );
+    assert!(Attempts::of(&response) >= 2);
+    // A call's own earlier deadline wins over the method's.
+    let mut call = grpc_call("/s.S/Get");
+    call.headers_mut().insert("grpc-timeout", "100m".parse()?);
+    let start = tokio::time::Instant::now();
+    client.clone().oneshot(call).await?;
+    assert!(
+        start.elapsed() < 100 * MS + 10 * MS,
+        "{:?}",
+        start.elapsed()
+    );
+    Ok(())
+}

@@ -84,9 +84,15 @@
 //! `U[0, min(initialBackoff × backoffMultiplier^n, maxBackoff))`
 //! ([`Backoff::with_multiplier`](crate::Backoff::with_multiplier)). A6's validation rules
 //! apply (`maxAttempts` at least 2 and read as 5 above it, backoffs greater than zero, a
-//! non-empty list of codes, never both policies on one method); fields this crate does
-//! not use (`loadBalancingConfig`, `timeout`, `waitForReady`, ...) are ignored, as gRPC
-//! ignores fields it does not know.
+//! non-empty list of codes, never both policies on one method). A method config's
+//! `timeout` is the call's [`Deadline`](crate::Deadline) when it has none of its own
+//! (the earlier of the two otherwise; see
+//! [`RetryPolicyBuilder::grpc_timeouts`](crate::retry::RetryPolicyBuilder::grpc_timeouts)):
+//! no retry is scheduled past it. The fields gRPC defines that this crate reads past
+//! without using are `waitForReady`, `maxRequestMessageBytes`,
+//! `maxResponseMessageBytes`, `loadBalancingConfig`, `loadBalancingPolicy` and
+//! `healthCheckConfig` (and any field it does not know), as gRPC ignores fields it does
+//! not know.
 //!
 //! In a TOML file, a dependency's `grpc_service_config` key takes the same JSON (as text,
 //! or as TOML tables), next to its own budget and breaker sections; its requests that are
@@ -373,6 +379,9 @@ fn retry_policy(
     }
     if let Some(methods) = &s.methods {
         builder = builder.grpc_methods(methods);
+    }
+    if let Some(timeouts) = &s.method_timeouts {
+        builder = builder.grpc_timeouts(timeouts);
     }
     builder.build()
 }

@@ -24,6 +24,7 @@ pub struct RetryPolicyBuilder {
     throttle: Option<RetryThrottle>,
     rules: Rules,
     methods: Option<MethodTable<Option<Limits>>>,
+    timeouts: Option<MethodTable<Option<Duration>>>,
     max_retry_after: Option<Duration>,
     max_replay_bytes: usize,
     seed: Option<u64>,
@@ -39,6 +40,7 @@ impl Default for RetryPolicyBuilder {
             throttle: None,
             rules: Rules::default(),
             methods: None,
+            timeouts: None,
             max_retry_after: None,
             max_replay_bytes: DEFAULT_MAX_REPLAY_BYTES,
             seed: None,
@@ -147,6 +149,32 @@ impl RetryPolicyBuilder {
         self
     }
 
+    /// Per-method timeouts for gRPC calls, found by the request's `:path` as gRPC finds
+    /// a method config (a service config's `methodConfig.timeout`; `None` for a method
+    /// whose config has none): a call's [`Deadline`](crate::Deadline), counted from its
+    /// first send, when it has none of its own (no `Deadline` extension, no
+    /// `grpc-timeout`), else the earlier of the two. Like any deadline it is read at
+    /// the first failure: no retry is scheduled past it, and each retry's
+    /// `grpc-timeout` says what is left of it. The first attempt is sent as the caller
+    /// made it (set tonic's `Request::set_timeout` for the server to see the deadline
+    /// then too).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use stormguard::RetryPolicy;
+    /// use stormguard_core::methods::MethodTable;
+    ///
+    /// let mut timeouts = MethodTable::new();
+    /// timeouts.insert_service("echo.Echo", Some(Duration::from_secs(2)));
+    /// let policy = RetryPolicy::builder().grpc_timeouts(&timeouts).build()?;
+    /// # let _ = policy;
+    /// # Ok::<(), stormguard::ConfigError>(())
+    /// ```
+    pub fn grpc_timeouts(mut self, timeouts: &MethodTable<Option<Duration>>) -> Self {
+        self.timeouts = Some(timeouts.clone());
+        self
+    }
+
     /// The longest `Retry-After` or pushback the client will wait for; a longer one
     /// returns the response to the caller at once [the backoff cap].
     pub fn max_retry_after(mut self, max: Duration) -> Self {
@@ -205,6 +233,7 @@ impl RetryPolicyBuilder {
                 throttle: self.throttle,
                 rules: self.rules,
                 methods: self.methods,
+                timeouts: self.timeouts,
                 max_replay_bytes: self.max_replay_bytes,
                 seed: self.seed,
                 next_stream: AtomicU64::new(0),

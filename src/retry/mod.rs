@@ -166,6 +166,14 @@
 //! HTTP status without `grpc-status`, say a proxy's 503, is read as gRPC's HTTP-to-gRPC
 //! mapping says (429, 502, 503, 504: UNAVAILABLE).
 //!
+//! A call is decided on its response's head: a trailers-only error (how a server
+//! answers a call that fails before its first message) can be retried; a response that
+//! has started (a `200` whose status will come in the trailers) is *committed*, as gRFC
+//! A6 says, and handed to the caller, never retried, whatever its trailers then say. A
+//! server stream that fails after its messages is the caller's to see; the breaker
+//! below still counts it (see the [`breaker`](crate::breaker) module's *gRPC: the status
+//! in the trailers*).
+//!
 //! tonic's request bodies stream and are not `Clone`.
 //! [`replay_bodies()`](RetryLayer::replay_bodies) keeps each body's frames as the first
 //! attempt sends them ([`body`](crate::body) says how, and the cap past which a request

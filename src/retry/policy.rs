@@ -435,12 +435,22 @@ impl RetryPolicy {
     fn read_deadline<B>(&mut self, req: &Request<B>) {
         if let RequestDeadline::SentAt(sent, total) = self.deadline {
             let outer = total.map(|total| Deadline::after(sent, total));
-            let deadline = match (deadline_of(req, sent), outer) {
-                (Some(own), Some(outer)) => Some(own.min(outer)),
-                (own, outer) => own.or(outer),
-            };
+            let method = self.method_timeout(req).map(|t| Deadline::after(sent, t));
+            let deadline = [deadline_of(req, sent), outer, method]
+                .into_iter()
+                .flatten()
+                .min();
             self.deadline = RequestDeadline::Read(deadline);
         }
+    }
+
+    /// The timeout of `req`'s gRPC method, when the policy has per-method timeouts.
+    fn method_timeout<B>(&self, req: &Request<B>) -> Option<Duration> {
+        let timeouts = self.shared.timeouts.as_ref()?;
+        if !is_grpc(req) {
+            return None;
+        }
+        timeouts.lookup(req.uri().path()).copied().flatten()
     }
 
     /// The request's deadline, once [`read_deadline`](Self::read_deadline) has run.

@@ -72,6 +72,8 @@ pub(super) struct Shared {
     /// Per-method limits of a gRPC service config, looked up by `:path` on failure
     /// (`None`: the method has no retry policy).
     pub(super) methods: Option<MethodTable<Option<Limits>>>,
+    /// gRPC per-method timeouts, when the policy has them: a call's deadline.
+    pub(super) timeouts: Option<MethodTable<Option<std::time::Duration>>>,
     pub(super) max_retry_after: Duration,
     pub(super) max_replay_bytes: usize,
     pub(super) seed: Option<u64>,

@@ -15,6 +15,9 @@ use crate::{Backoff, ConfigError, Jitter};
 /// What a service config gives a dependency.
 pub(super) struct ServiceConfig {
     pub(super) methods: MethodTable<MethodPolicy>,
+    /// `methodConfig.timeout`, by method (`None`: the method's config has none), found
+    /// as its policy is: a call's deadline when it has none of its own.
+    pub(super) timeouts: MethodTable<Option<Duration>>,
     pub(super) throttle: Option<RetryThrottleBuilder>,
 }
 
@@ -25,18 +28,22 @@ pub(super) fn read(json: &str) -> Result<DependencySettings, ConfigError> {
     let config = read_value("", &value)?;
     Ok(DependencySettings {
         methods: Some(config.methods),
+        method_timeouts: Some(config.timeouts),
         throttle: config.throttle,
         ..DependencySettings::default()
     })
 }
 
 /// Reads a service config found at `path`. Fields this library does not use
-/// (`loadBalancingConfig`, `timeout`, `waitForReady`, ...) are ignored, as gRPC
-/// ignores fields it does not know, so a tonic user's file reads as it is.
+/// (`waitForReady`, `maxRequestMessageBytes`, `maxResponseMessageBytes`,
+/// `loadBalancingConfig`, `loadBalancingPolicy`, `healthCheckConfig`, and any other) are
+/// ignored, as gRPC ignores fields it does not
+/// know, so a tonic user's file reads as it is.
 pub(super) fn read_value(path: &str, value: &Value) -> Result<ServiceConfig, ConfigError> {
     let value = canonical_keys(path, value)?;
     let mut top = Table::new(path, &value)?;
     let mut table = MethodTable::default();
+    let mut timeouts = MethodTable::default();
     let mut first_seen: HashMap<String, String> = HashMap::new();
     if let Some(configs) = top.list("methodConfig", |path, v| Ok((path.to_owned(), v)))? {
         for (path, config) in configs {
@@ -50,6 +57,7 @@ pub(super) fn read_value(path: &str, value: &Value) -> Result<ServiceConfig, Con
                 continue;
             }
             let policy = read_method(&mut t)?;
+            let timeout = timeout(&mut t)?;
             for (name_path, name) in names {
                 let key = read_name(&name_path, name)?;
                 if let Some(first) = first_seen.insert(key.display(), name_path.clone()) {
@@ -59,9 +67,18 @@ pub(super) fn read_value(path: &str, value: &Value) -> Result<ServiceConfig, Con
                     ));
                 }
                 match key {
-                    Name::Method(m) => table.insert_method(m, policy),
-                    Name::Service(s) => table.insert_service(s, policy),
-                    Name::Default => table.set_default(policy),
+                    Name::Method(m) => {
+                        timeouts.insert_method(m.clone(), timeout);
+                        table.insert_method(m, policy)
+                    }
+                    Name::Service(s) => {
+                        timeouts.insert_service(s.clone(), timeout);
+                        table.insert_service(s, policy)
+                    }
+                    Name::Default => {
+                        timeouts.set_default(timeout);
+                        table.set_default(policy)
+                    }
                 }
             }
         }
@@ -79,13 +96,28 @@ pub(super) fn read_value(path: &str, value: &Value) -> Result<ServiceConfig, Con
     }
     Ok(ServiceConfig {
         methods: table,
+        timeouts,
         throttle,
     })
 }
 
+/// A method config's `timeout`, if it has one: greater than zero.
+fn timeout(t: &mut Table<'_>) -> Result<Option<Duration>, ConfigError> {
+    let path = t.path_of("timeout");
+    let Some(v) = t.value("timeout") else {
+        return Ok(None);
+    };
+    let d = proto_duration(&path, v)?;
+    if d.is_zero() {
+        return Err(ConfigError::at(path, "0s is not greater than 0"));
+    }
+    Ok(Some(d))
+}
+
 /// The fields of a service config this reader uses, spelled as gRPC's JSON spells them.
-const FIELDS: [&str; 16] = [
+const FIELDS: [&str; 17] = [
     "methodConfig",
+    "timeout",
     "name",
     "service",
     "method",

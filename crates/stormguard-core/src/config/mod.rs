@@ -111,6 +111,10 @@ pub struct DependencySettings {
     pub throttle: Option<RetryThrottleBuilder>,
     /// Per-method policies, from a gRPC service config's `methodConfig`.
     pub methods: Option<MethodTable<MethodPolicy>>,
+    /// Per-method timeouts, from a gRPC service config's `methodConfig.timeout`
+    /// (`None` for a method whose config has none): the call's deadline when the request
+    /// has none of its own, the earlier of the two otherwise.
+    pub method_timeouts: Option<MethodTable<Option<Duration>>>,
 }
 
 impl Default for DependencySettings {
@@ -122,6 +126,7 @@ impl Default for DependencySettings {
             hedging: None,
             throttle: None,
             methods: None,
+            method_timeouts: None,
         }
     }
 }
@@ -336,6 +341,7 @@ fn read_dependency(path: &str, value: &Value) -> Result<DependencySettings, Conf
             ));
         }
         dependency.methods = Some(config.methods);
+        dependency.method_timeouts = Some(config.timeouts);
         dependency.throttle = dependency.throttle.or(config.throttle);
     }
     t.finish()?;
@@ -760,6 +766,36 @@ mod tests {
         assert!(b.breaker.is_none());
         assert!(b.hedging.is_none());
         assert_eq!(settings.dependencies().count(), 2);
+    }
+
+    #[test]
+    fn a_method_configs_timeout_is_read_for_its_names() {
+        let settings = Settings::from_grpc_service_config(
+            r#"{"methodConfig": [
+                {"name": [{"service": "a.A"}], "timeout": "2.5s"},
+                {"name": [{"service": "a.A", "method": "Stream"}]},
+                {"name": [{}], "timeout": "30s", "waitForReady": true}
+            ]}"#,
+        )
+        .expect("valid");
+        let dependency = settings.dependency("default").expect("default");
+        let timeouts = dependency.method_timeouts.as_ref().expect("timeouts");
+        let timeout = |path| timeouts.lookup(path).copied().flatten();
+        assert_eq!(timeout("/a.A/Get"), Some(Duration::from_millis(2500)));
+        // A method's own config without a timeout has none, whatever its service's says.
+        assert_eq!(timeout("/a.A/Stream"), None);
+        assert_eq!(timeout("/b.B/Get"), Some(Duration::from_secs(30)));
+        for (bad, message) in [
+            (
+                r#""0s""#,
+                "methodConfig[0].timeout: 0s is not greater than 0",
+            ),
+            ("5", "methodConfig[0].timeout"),
+        ] {
+            let json = format!(r#"{{"methodConfig": [{{"name": [{{}}], "timeout": {bad}}}]}}"#);
+            let err = Settings::from_grpc_service_config(&json).expect_err("refused");
+            assert!(err.to_string().starts_with(message), "{err}");
+        }
     }
 
     #[test]
