@@ -361,65 +361,85 @@ fn bad_files_name_the_path_and_the_rule() {
     );
 }
 
+/// A service config whose service `s.S` has calls of 1 s, except `Long`, whose own
+/// entry has no timeout; both retry after 2 s at most.
+const TIMEOUTS: &str = r#"{"methodConfig": [
+    {"name": [{"service": "s.S"}], "timeout": "1s",
+     "retryPolicy": {"maxAttempts": 3, "initialBackoff": "2s", "maxBackoff": "2s",
+                     "backoffMultiplier": 1, "retryableStatusCodes": ["UNAVAILABLE"]}},
+    {"name": [{"service": "s.S", "method": "Long"}],
+     "retryPolicy": {"maxAttempts": 3, "initialBackoff": "2s", "maxBackoff": "2s",
+                     "backoffMultiplier": 1, "retryableStatusCodes": ["UNAVAILABLE"]}}
+]}"#;
+
 #[tokio::test(start_paused = true)]
 async fn a_method_configs_timeout_is_the_calls_deadline() -> Result<(), BoxError> {
-    // The service's calls have 1 s; the first retry waits 2 s, past it.
-    let config = Config::from_grpc_service_config(
-        r#"{"methodConfig": [
-            {"name": [{"service": "s.S"}], "timeout": "1s",
-             "retryPolicy": {"maxAttempts": 3, "initialBackoff": "2s", "maxBackoff": "2s",
-                             "backoffMultiplier": 1, "retryableStatusCodes": ["UNAVAILABLE"]}},
-            {"name": [{"service": "s.S", "method": "Long"}],
-             "retryPolicy": {"maxAttempts": 3, "initialBackoff": "2s", "maxBackoff": "2s",
-                             "backoffMultiplier": 1, "retryableStatusCodes": ["UNAVAILABLE"]}}
-        ]}"#,
-    )?;
-    let dependency = config.dependency("default")?;
-    fill_budget(&dependency.retry, "/s.S/Get").await?;
+    // The service config's methods and timeouts, a budget that refuses nothing, seeded.
+    let settings = stormguard_core::config::Settings::from_grpc_service_config(TIMEOUTS)?;
+    let settings = settings
+        .dependency("default")
+        .expect("the default dependency");
+    let policy = stormguard::RetryPolicy::builder()
+        .grpc_methods(settings.methods.as_ref().expect("methods"))
+        .grpc_timeouts(settings.method_timeouts.as_ref().expect("timeouts"))
+        .budget(
+            stormguard::RetryBudget::builder()
+                .ratio(1.0)
+                .allowance(1000)
+                .build()?,
+        )
+        .seed(7)
+        .build()?;
     let upstream = Upstream::new();
     let client = ServiceBuilder::new()
-        .layer(RetryLayer::new(dependency.retry.clone()))
+        .layer(RetryLayer::new(policy.clone()))
         .service(upstream.service(|_| (MS, grpc("14"))));
-    // Full jitter draws the wait in [0, 2 s): a draw under the second left is waited
-    // out. Over twenty calls, every retry the deadline allows starts within it, and
-    // some draws fall past it and are given up as `deadline`.
-    let mut past = 0;
+    // Full jitter draws each wait in [0, 2 s): a draw under what is left of the second
+    // is waited out, one past it is given up as `deadline`. Every call ends within its
+    // second; on this seed some draws fall past it.
     for _ in 0..20 {
         let start = tokio::time::Instant::now();
         let response = client.clone().oneshot(grpc_call("/s.S/Get")).await?;
         assert_eq!(response.headers()["grpc-status"], "14");
         assert!(
-            start.elapsed() < Duration::from_secs(1) + 10 * MS,
+            start.elapsed() < Duration::from_secs(1),
             "{:?}",
             start.elapsed()
         );
-        past += u64::from(Attempts::of(&response) < 3);
-        upstream.take_paths();
     }
-    assert!(
-        past > 0 && dependency.retry.stats().deadline == past,
-        "{:?}",
-        dependency.retry.stats()
-    );
-    // A method whose own config has no timeout gets none from its service's entry: its
-    // retries wait their 2 s.
-    let start = tokio::time::Instant::now();
+    let stats = policy.stats();
+    assert!(stats.deadline > 0, "{stats:?}");
+    assert_eq!(stats.deadline + stats.exhausted, 20, "{stats:?}");
+    // A method whose own config has no timeout gets none from its service's entry: it
+    // makes its three attempts.
     let response = client.clone().oneshot(grpc_call("/s.S/Long")).await?;
-    assert!(
-        start.elapsed() >= Duration::from_secs(1),
-        "{:?}",
-        start.elapsed()
-    );
-    assert!(Attempts::of(&response) >= 2);
+    assert_eq!(Attempts::of(&response), 3);
     // A call's own earlier deadline wins over the method's.
     let mut call = grpc_call("/s.S/Get");
     call.headers_mut().insert("grpc-timeout", "100m".parse()?);
     let start = tokio::time::Instant::now();
     client.clone().oneshot(call).await?;
-    assert!(
-        start.elapsed() < 100 * MS + 10 * MS,
-        "{:?}",
-        start.elapsed()
-    );
+    assert!(start.elapsed() < 100 * MS, "{:?}", start.elapsed());
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dependency_from_a_service_config_keeps_its_calls_within_their_timeout(
+) -> Result<(), BoxError> {
+    let dependency = Config::from_grpc_service_config(TIMEOUTS)?.dependency("default")?;
+    let upstream = Upstream::new();
+    let client = ServiceBuilder::new()
+        .layer(RetryLayer::new(dependency.retry.clone()))
+        .service(upstream.service(|_| (MS, grpc("14"))));
+    // Whatever the draws and the budget decide, no retry is scheduled past the second.
+    for _ in 0..20 {
+        let start = tokio::time::Instant::now();
+        client.clone().oneshot(grpc_call("/s.S/Get")).await?;
+        assert!(
+            start.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            start.elapsed()
+        );
+    }
     Ok(())
 }
