@@ -27,8 +27,16 @@
 //! (a hedge policy's, at its first hedge event, all four together), so install the
 //! recorder before the first request: handles bind to the recorder installed then. Without a recorder every update is
 //! a call into `metrics`' no-op recorder; without the feature nothing of this is compiled.
-//! The budget gauges are refreshed on the failure path only (each retry and give-up), so
-//! a healthy client's success path reads no window.
+//! The budget gauges are refreshed on the failure path (each retry and give-up) and at
+//! each of the budget's roll-overs (once per tenth of its window at most, on whichever
+//! call moves its clock, successes included): after a recovery they are current within
+//! a tenth of the window, and the calls between roll-overs read nothing for them.
+//!
+//! Cardinality, per dependency name: `retry_attempts_total` one series per attempt
+//! number, bounded by the attempt cap (the policy's `max_attempts`, at most 100, or a
+//! gRPC method's, at most 5); `retry_give_ups_total` one per reason (10); the breaker's
+//! state one series and its transitions at most 12 (the ordered pairs of its four states);
+//! every other series one. Nothing is labelled by request, path or status.
 //!
 //! # What it costs
 //!
@@ -233,6 +241,32 @@ pub(crate) struct BudgetView {
     pub(crate) allowance: u64,
     /// Wasted retries per original request over the window.
     pub(crate) ratio: f64,
+}
+
+/// Keeps `budget`'s gauges current at each of its roll-overs (at most once per tenth of
+/// its window, on whatever call moves its clock, successes included), labelled `label`:
+/// the budget's own name, else the name of the first policy built over it. Registered
+/// at the first roll-over, with the recorder installed then.
+pub(crate) fn watch_budget(budget: &stormguard_core::RetryBudget, label: &str) {
+    let label = label.to_owned();
+    let gauges: OnceLock<(Gauge, Gauge, Gauge)> = OnceLock::new();
+    // A budget already watched (shared by several policies) keeps its first label.
+    let _ = budget.on_roll_over(move |state: stormguard_core::budget::Snapshot| {
+        let (remaining, allowance, ratio) = gauges.get_or_init(|| {
+            (
+                metrics::gauge!("retry_budget_remaining", "service" => label.clone()),
+                metrics::gauge!("retry_budget_allowance", "service" => label.clone()),
+                metrics::gauge!("retry_ratio", "service" => label.clone()),
+            )
+        });
+        remaining.set(state.remaining as f64);
+        allowance.set(state.allowance as f64);
+        ratio.set(if state.requests == 0 {
+            0.0
+        } else {
+            state.wasted as f64 / state.requests as f64
+        });
+    });
 }
 
 impl RetryHandles {

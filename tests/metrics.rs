@@ -230,3 +230,89 @@ fn hedges_sent_won_cancelled_and_refused_are_counted() {
         "{scrape}"
     );
 }
+
+/// The budget's gauges after a recovery: a client of ten requests a second whose
+/// dependency fails for three seconds, then serves it for twenty. No failure comes
+/// after the recovery, yet the gauges show the room the successes earned: they are
+/// refreshed at the budget's roll-overs. A recorder local to this thread, on paused time.
+#[test]
+fn the_budget_gauges_are_current_after_a_recovery() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use stormguard::{BoxError, RetryBudget, RetryLayer, RetryPolicy};
+    use tower::{ServiceBuilder, ServiceExt};
+
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("runtime");
+    let budget = RetryBudget::builder()
+        .name("recovering")
+        .build()
+        .expect("budget");
+    let policy = RetryPolicy::builder()
+        .budget(budget.clone())
+        .seed(1)
+        .build()
+        .expect("policy");
+    let failing = Arc::new(AtomicBool::new(true));
+    let flag = failing.clone();
+    let upstream = tower::service_fn(move |_req: http::Request<String>| {
+        let status = if flag.load(Ordering::SeqCst) {
+            503
+        } else {
+            200
+        };
+        async move {
+            let mut res = http::Response::new(String::new());
+            *res.status_mut() = http::StatusCode::from_u16(status)?;
+            Ok::<_, BoxError>(res)
+        }
+    });
+    let stack = ServiceBuilder::new()
+        .layer(RetryLayer::new(policy))
+        .service(upstream);
+    let remaining = |scrape: &str| {
+        value(
+            scrape,
+            "retry_budget_remaining",
+            &[("service", "recovering")],
+        )
+    };
+    let (during, after, room) = metrics::with_local_recorder(&recorder, || {
+        runtime.block_on(async {
+            let run = |seconds: u64| {
+                let stack = stack.clone();
+                async move {
+                    for _ in 0..seconds * 10 {
+                        let call = http::Request::get("http://upstream/")
+                            .body(String::new())
+                            .expect("request");
+                        let _ = tokio::time::timeout(
+                            Duration::from_secs(60),
+                            stack.clone().oneshot(call),
+                        )
+                        .await;
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                }
+            };
+            run(3).await;
+            let during = remaining(&handle.render());
+            failing.store(false, Ordering::SeqCst);
+            run(20).await;
+            let now = tokio::time::Instant::now().into_std();
+            (during, remaining(&handle.render()), budget.available(now))
+        })
+    });
+    assert_eq!(during, Some(0.0), "spent by the failures");
+    // Ten requests a second over the 10 s window pay for ten retries, and the allowance
+    // one more; the gauge shows it (as of the last roll-over, at most a second ago).
+    assert!(room >= 10, "{room}");
+    assert_eq!(after, Some(room as f64));
+}

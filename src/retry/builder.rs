@@ -210,6 +210,8 @@ impl RetryPolicyBuilder {
 
     pub(super) fn make(self) -> RetryPolicy {
         let budget = self.budget.unwrap_or_default();
+        #[cfg(feature = "metrics")]
+        crate::metrics::watch_budget(&budget, budget.name().unwrap_or(&self.name));
         RetryPolicy {
             shared: Arc::new(Shared {
                 name: self.name,

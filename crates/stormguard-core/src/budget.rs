@@ -180,6 +180,9 @@ struct State {
     pace: Option<f64>,
     /// The dependency's name, for the metrics' label.
     name: Option<Box<str>>,
+    /// Told the budget's state at each roll-over, once set: see
+    /// [`RetryBudget::on_roll_over`].
+    observer: OnceLock<Observer>,
     /// How fast retries may be spent: refilled from the recent deposit rate.
     spend: Pace,
     /// The current epoch, the newest any operation has seen: time never runs backwards
@@ -191,6 +194,23 @@ struct State {
     /// Wasted retries: charged by [`RetryBudget::charge`] when a request ends unserved,
     /// and at the grant by [`RetryBudget::try_withdraw`].
     withdrawals: Ring<{ WITHDRAWAL_BUCKETS as usize }>,
+}
+
+/// What [`RetryBudget::on_roll_over`] calls.
+type Observer = Box<dyn Fn(Snapshot) + Send + Sync>;
+
+/// A budget's state, as [`RetryBudget::on_roll_over`] reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Snapshot {
+    /// The room, in whole retries, as [`RetryBudget::available`] gives it.
+    pub remaining: u64,
+    /// What is left of the allowance, as [`RetryBudget::allowance_left`] gives it.
+    pub allowance: u64,
+    /// The window's original requests, as [`RetryBudget::usage`] gives them.
+    pub requests: u64,
+    /// The window's wasted retries, as [`RetryBudget::usage`] gives them.
+    pub wasted: u64,
 }
 
 /// Counts per epoch: each bucket packs the low bits of its epoch (the high 32 bits of the
@@ -352,6 +372,35 @@ impl RetryBudget {
         })
     }
 
+    /// Calls `observer` with the budget's state each time its clock moves to a new
+    /// bucket (at most once per tenth of the window, on the call that moves it, outside
+    /// the roll-over lock), so that a gauge of it stays current within a tenth of the
+    /// window of any call, successes included, at no cost to the calls in between.
+    /// Set once: `false`, and `observer` dropped, if one is set already.
+    ///
+    /// ```
+    /// use std::sync::atomic::{AtomicU64, Ordering};
+    /// use std::sync::Arc;
+    /// use std::time::{Duration, Instant};
+    /// use stormguard_core::RetryBudget;
+    ///
+    /// let t0 = Instant::now();
+    /// let budget = RetryBudget::builder().origin(t0).allowance(0).build()?;
+    /// let remaining = Arc::new(AtomicU64::new(u64::MAX));
+    /// let gauge = remaining.clone();
+    /// assert!(budget.on_roll_over(move |s| gauge.store(s.remaining, Ordering::Relaxed)));
+    /// for i in 0..50 {
+    ///     budget.deposit(t0 + Duration::from_millis(20 * i));
+    /// }
+    /// // The call that moved the clock into the second bucket saw 50 requests' room.
+    /// budget.deposit(t0 + Duration::from_secs(1));
+    /// assert_eq!(remaining.load(Ordering::Relaxed), 5);
+    /// # Ok::<(), stormguard_core::ConfigError>(())
+    /// ```
+    pub fn on_roll_over(&self, observer: impl Fn(Snapshot) + Send + Sync + 'static) -> bool {
+        self.state.observer.set(Box::new(observer)).is_ok()
+    }
+
     /// The room at `now`, in whole retries: the window's balance plus what is left of
     /// the allowance. A request's first retry needs more than one, a later one any.
     pub fn available(&self, now: Instant) -> u64 {
@@ -467,10 +516,35 @@ impl State {
             return current;
         }
         let epoch = nanos / self.bucket_nanos;
+        match self.roll_over(epoch) {
+            Ok(epoch) => {
+                // Outside the lock: the observer may read the budget.
+                if let Some(observer) = self.observer.get() {
+                    observer(self.snapshot(epoch));
+                }
+                epoch
+            }
+            Err(current) => current,
+        }
+    }
+
+    /// The state at `epoch`, for an observer.
+    fn snapshot(&self, epoch: u64) -> Snapshot {
+        Snapshot {
+            remaining: u64::try_from(self.room(epoch) / UNIT).unwrap_or(0),
+            allowance: u64::try_from(self.allowance_units() / UNIT).unwrap_or(0),
+            requests: self.deposits.sum(epoch),
+            wasted: self.withdrawals.sum(epoch),
+        }
+    }
+
+    /// Moves the clock to `epoch` under the roll-over lock: `Ok(epoch)`, or, when
+    /// another caller moved it as far or further first, `Err` with the current epoch.
+    fn roll_over(&self, epoch: u64) -> Result<u64, u64> {
         let _roll = self.roll.lock().unwrap_or_else(PoisonError::into_inner);
         let current = self.clock.load(Ordering::Acquire);
         if epoch <= current {
-            return current;
+            return Err(current);
         }
         self.withdrawals
             .bucket(current)
@@ -493,7 +567,7 @@ impl State {
             self.carry_over(leaving, pending);
         }
         self.clock.store(epoch, Ordering::Release);
-        epoch
+        Ok(epoch)
     }
 
     /// The current epoch, once any roll-over in progress is over. Called by a thread
@@ -791,6 +865,7 @@ impl RetryBudgetBuilder {
                 }),
                 pace: self.pace,
                 name: self.name.map(String::into_boxed_str),
+                observer: OnceLock::new(),
                 spend: Pace::new(),
                 clock: AtomicU64::new(0),
                 roll: Mutex::new(()),
@@ -1139,9 +1214,10 @@ mod tests {
     fn state_is_constant_and_small() {
         assert_eq!(RetryBudget::STATE_BYTES, std::mem::size_of::<State>());
         // 24 atomics (two rings, the clock, the allowance and the pace), the roll-over
-        // lock and the configuration (its name a pointer and a length), on 64-bit Linux.
+        // lock, the configuration (its name a pointer and a length) and the roll-over
+        // observer's slot, on 64-bit Linux.
         #[cfg(all(target_pointer_width = "64", target_os = "linux"))]
-        assert_eq!(RetryBudget::STATE_BYTES, 320);
+        assert_eq!(RetryBudget::STATE_BYTES, 344);
         let named = RetryBudget::builder().name("payments").build();
         assert_eq!(named.ok().as_ref().and_then(|b| b.name()), Some("payments"));
         assert_eq!(RetryBudget::default().name(), None);
