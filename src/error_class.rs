@@ -188,6 +188,16 @@ fn classify_one(err: &(dyn Error + 'static)) -> Option<ErrorClass> {
     if err.is::<tonic::ConnectError>() {
         return Some(ErrorClass::NotSent);
     }
+    // reqwest's error heads the chain of what its client met: a connection not made,
+    // or its own timeout, it says itself; anything else its source says (hyper-util's
+    // and hyper's errors, below), so look further down the chain.
+    #[cfg(feature = "reqwest")]
+    if let Some(err) = err.downcast_ref::<reqwest::Error>() {
+        if err.is_connect() {
+            return Some(ErrorClass::NotSent);
+        }
+        return err.is_timeout().then_some(ErrorClass::MaybeProcessed);
+    }
     #[cfg(feature = "hyper-util")]
     if let Some(err) = err.downcast_ref::<hyper_util::client::legacy::Error>() {
         if err.is_connect() {

@@ -454,6 +454,21 @@ impl<B: Send> Replayable for Mutex<Kept<B>> {
 pub(crate) struct ReplayHandle(Arc<dyn Replayable>);
 
 impl ReplayHandle {
+    /// The handle of a body that can never be sent again (a reqwest streaming body).
+    #[cfg(feature = "reqwest")]
+    pub(crate) fn never() -> Self {
+        struct Never;
+        impl Replayable for Never {
+            fn is_replayable(&self) -> bool {
+                false
+            }
+            fn is_whole(&self) -> bool {
+                false
+            }
+        }
+        ReplayHandle(Arc::new(Never))
+    }
+
     /// Whether one more copy can send the whole body: from the kept frames, or by
     /// streaming a body the original left unread (which only one copy can).
     pub(crate) fn is_replayable(&self) -> bool {

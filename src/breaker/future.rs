@@ -120,7 +120,7 @@ where
 
 /// Holds the permit of a call in flight; gives it back unused if dropped first,
 /// including while a panic in the inner service's `call` or future unwinds.
-pub(super) struct Guard {
+pub(crate) struct Guard {
     breaker: CircuitBreaker,
     permit: Option<Permit>,
 }
@@ -139,7 +139,7 @@ impl Guard {
     }
 
     /// Reports the call's outcome, once.
-    pub(super) fn finish(&mut self, outcome: stormguard_core::breaker::Outcome) {
+    pub(crate) fn finish(&mut self, outcome: stormguard_core::breaker::Outcome) {
         if let Some(permit) = self.permit.take() {
             self.breaker.record(permit, outcome);
         }

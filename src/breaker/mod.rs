@@ -437,6 +437,29 @@ impl CircuitBreaker {
         }
     }
 
+    /// Leave for one call, held by a guard that reports its outcome (or, dropped first,
+    /// gives the permit back): for glue that is not a tower service (the reqwest
+    /// middleware).
+    #[cfg(feature = "reqwest")]
+    pub(crate) fn admit(&self) -> Result<future::Guard, CircuitOpen> {
+        self.try_acquire()
+            .map(|permit| future::Guard::new(self.clone(), permit))
+    }
+
+    /// The outcome of a response, from its head (a status in trailers is read as a
+    /// success: only the tower layer watches bodies).
+    #[cfg(feature = "reqwest")]
+    pub(crate) fn outcome_of_head(
+        &self,
+        status: http::StatusCode,
+        headers: &http::HeaderMap,
+    ) -> Outcome {
+        match self.classify_head(status, headers) {
+            Verdict::Now(outcome) => outcome,
+            Verdict::AtEnd => Outcome::Success,
+        }
+    }
+
     /// Reports the outcome of a call made with `permit`.
     fn record(&self, permit: Permit, outcome: Outcome) {
         let probe = permit.is_probe();
@@ -463,7 +486,10 @@ impl CircuitBreaker {
     }
 
     fn classify_response<B>(&self, response: &Response<B>) -> Verdict {
-        let headers = response.headers();
+        self.classify_head(response.status(), response.headers())
+    }
+
+    fn classify_head(&self, status: http::StatusCode, headers: &http::HeaderMap) -> Verdict {
         if let Some(code) = grpc_status(headers) {
             return Verdict::Now(if code == 0 {
                 Outcome::Success
@@ -473,7 +499,6 @@ impl CircuitBreaker {
                 Outcome::Ignored
             });
         }
-        let status = response.status();
         if stormguard_core::classify::status_in_trailers(status, headers) {
             return Verdict::AtEnd;
         }
@@ -489,7 +514,7 @@ impl CircuitBreaker {
     /// Every error is the dependency's failure, but a nested breaker's refusal, which
     /// that breaker has already counted, the caller's own, and a call the dependency
     /// turned away unprocessed, which counts only in a run of failures in a row.
-    fn classify_error(error: &(dyn std::error::Error + 'static)) -> Outcome {
+    pub(crate) fn classify_error(error: &(dyn std::error::Error + 'static)) -> Outcome {
         match crate::error_class::classify_chain(error) {
             // A nested breaker counted it already; a request body that failed on the
             // caller's side says nothing about the dependency's health.

@@ -175,7 +175,7 @@ impl RetryPolicy {
     /// This policy's copy for a request first sent at `sent` (with `total` to finish in,
     /// under a total timeout), as [`clone_request`](tower::retry::Policy::clone_request)
     /// leaves it.
-    pub(super) fn sent_at(&self, sent: Instant, total: Option<Duration>) -> RetryPolicy {
+    pub(crate) fn sent_at(&self, sent: Instant, total: Option<Duration>) -> RetryPolicy {
         RetryPolicy {
             shared: Arc::clone(&self.shared),
             attempts: 0,

@@ -1,0 +1,237 @@
+//! The reqwest middleware against a hyper server on 127.0.0.1, on paused tokio time: the
+//! tower layers' decisions through `reqwest_middleware`.
+
+#![cfg(feature = "reqwest")]
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use stormguard::reqwest::StormguardMiddleware;
+use stormguard::{Attempts, CircuitBreaker, CircuitOpen, RetryBudget, RetryPolicy};
+
+#[path = "support/server.rs"]
+mod server;
+
+/// What the server answers its `n`-th request (from 0): a status, a `Retry-After` if
+/// any, and how long it takes.
+type Script = fn(u32) -> (u16, Option<&'static str>, Duration);
+
+/// A server on 127.0.0.1:0 answering by `script`; the requests it took.
+async fn serve(script: Script) -> (String, Arc<AtomicU32>) {
+    let calls = Arc::new(AtomicU32::new(0));
+    let seen = calls.clone();
+    let addr = server::serve(move || {
+        let calls = calls.clone();
+        hyper::service::service_fn(move |_req: http::Request<Incoming>| {
+            let (status, retry_after, delay) = script(calls.fetch_add(1, Ordering::SeqCst));
+            async move {
+                tokio::time::sleep(delay).await;
+                let mut res = http::Response::builder().status(status);
+                if let Some(after) = retry_after {
+                    res = res.header("retry-after", after);
+                }
+                Ok::<_, Infallible>(
+                    res.body(Full::new(Bytes::from_static(b"ok")))
+                        .expect("response"),
+                )
+            }
+        })
+    })
+    .await;
+    (format!("http://{addr}/items"), seen)
+}
+
+/// A client with `middleware`, reqwest's own retries off.
+fn client(
+    middleware: StormguardMiddleware,
+    timeout: Option<Duration>,
+) -> reqwest_middleware::ClientWithMiddleware {
+    let mut builder = reqwest::Client::builder().retry(reqwest::retry::never());
+    if let Some(timeout) = timeout {
+        builder = builder.timeout(timeout);
+    }
+    reqwest_middleware::ClientBuilder::new(builder.build().expect("client"))
+        .with(middleware)
+        .build()
+}
+
+/// The default policy, seeded, with a budget that has room (the tests are about the
+/// decisions, `an_exhausted_budget_is_shared_by_clones` about the budget).
+fn policy() -> RetryPolicy {
+    RetryPolicy::builder()
+        .budget(
+            RetryBudget::builder()
+                .allowance(100)
+                .build()
+                .expect("budget"),
+        )
+        .seed(1)
+        .build()
+        .expect("policy")
+}
+
+const NOW: Duration = Duration::ZERO;
+
+#[tokio::test(start_paused = true)]
+async fn a_503_then_200_is_served_on_the_second_attempt() {
+    let (url, calls) = serve(|n| (if n == 0 { 503 } else { 200 }, None, NOW)).await;
+    let middleware = StormguardMiddleware::new(policy());
+    let response = client(middleware.clone(), None)
+        .get(&url)
+        .send()
+        .await
+        .expect("served");
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.extensions().get::<Attempts>(), Some(&Attempts(2)));
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    assert_eq!(middleware.policy().stats().retries, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_after_is_waited_out() {
+    let (url, calls) = serve(|n| {
+        if n == 0 {
+            (429, Some("2"), NOW)
+        } else {
+            (200, None, NOW)
+        }
+    })
+    .await;
+    let start = tokio::time::Instant::now();
+    let response = client(StormguardMiddleware::new(policy()), None)
+        .get(&url)
+        .send()
+        .await
+        .expect("served");
+    assert_eq!(response.status(), 200);
+    let waited = start.elapsed();
+    assert!(
+        waited >= Duration::from_secs(2) && waited < Duration::from_millis(2300),
+        "{waited:?}"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_post_is_not_repeated() {
+    let (url, calls) = serve(|_| (503, None, NOW)).await;
+    let middleware = StormguardMiddleware::new(policy());
+    let response = client(middleware.clone(), None)
+        .post(&url)
+        .body("order 7")
+        .send()
+        .await
+        .expect("a response");
+    assert_eq!(response.status(), 503);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(middleware.policy().stats().not_idempotent, 1);
+    // With an `Idempotent` extension (or an Idempotency-Key) it is.
+    let response = client(middleware.clone(), None)
+        .post(&url)
+        .body("order 7")
+        .with_extension(stormguard::Idempotent)
+        .send()
+        .await
+        .expect("a response");
+    assert_eq!(response.extensions().get::<Attempts>(), Some(&Attempts(3)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_streaming_body_is_sent_once() {
+    let (url, calls) = serve(|_| (503, None, NOW)).await;
+    let middleware = StormguardMiddleware::new(policy());
+    let chunks: Vec<Result<Bytes, Infallible>> = vec![
+        Ok(Bytes::from_static(b"part 1")),
+        Ok(Bytes::from_static(b"part 2")),
+    ];
+    let body = reqwest::Body::wrap_stream(futures_util::stream::iter(chunks));
+    let response = client(middleware.clone(), None)
+        .put(&url)
+        .body(body)
+        .send()
+        .await
+        .expect("the server's answer, not an error of the middleware's");
+    assert_eq!(response.status(), 503);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(middleware.policy().stats().not_replayable, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reqwest_timeout_is_retried() {
+    // The first answer takes 5 s, past the client's 1 s timeout; the second is at once.
+    let (url, calls) =
+        serve(|n| (200, None, if n == 0 { Duration::from_secs(5) } else { NOW })).await;
+    let middleware = StormguardMiddleware::new(policy());
+    let response = client(middleware.clone(), Some(Duration::from_secs(1)))
+        .get(&url)
+        .send()
+        .await
+        .expect("served by the retry");
+    assert_eq!(response.status(), 200);
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    assert_eq!(middleware.policy().stats().retries, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_exhausted_budget_is_shared_by_clones() {
+    let (url, _) = serve(|_| (503, None, NOW)).await;
+    // The default budget: a new client's allowance pays for one request's retries.
+    let middleware =
+        StormguardMiddleware::new(RetryPolicy::builder().seed(2).build().expect("policy"));
+    let first = client(middleware.clone(), None);
+    let second = client(middleware.clone(), None);
+    let response = first.get(&url).send().await.expect("a response");
+    assert_eq!(response.extensions().get::<Attempts>(), Some(&Attempts(3)));
+    // The second client's clone finds the budget spent by the first.
+    let response = second.get(&url).send().await.expect("a response");
+    assert_eq!(response.status(), 503);
+    assert_eq!(response.extensions().get::<Attempts>(), None);
+    let stats = middleware.policy().stats();
+    assert_eq!(
+        (stats.requests, stats.retries, stats.budget_denied),
+        (2, 2, 1),
+        "{stats:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_breaker_opens_and_fails_fast() {
+    let (url, calls) = serve(|_| (500, None, NOW)).await;
+    let breaker = CircuitBreaker::builder()
+        .consecutive_failures(3)
+        .break_duration(Duration::from_secs(60))
+        .max_break_duration(Duration::from_secs(60))
+        .build()
+        .expect("breaker");
+    let middleware = StormguardMiddleware::new(policy()).with_breaker(breaker.clone());
+    let client = client(middleware, None);
+    for _ in 0..3 {
+        // POSTs, so that each call is one attempt.
+        let response = client
+            .post(&url)
+            .body("x")
+            .send()
+            .await
+            .expect("a response");
+        assert_eq!(response.status(), 500);
+    }
+    assert_eq!(breaker.state(), stormguard::CircuitState::Open);
+    let err = client
+        .post(&url)
+        .body("x")
+        .send()
+        .await
+        .expect_err("refused");
+    match &err {
+        reqwest_middleware::Error::Middleware(err) => {
+            assert!(err.downcast_ref::<CircuitOpen>().is_some(), "{err:?}")
+        }
+        other => panic!("not the breaker's refusal: {other:?}"),
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+}
