@@ -25,9 +25,6 @@ use tokio::net::TcpListener;
 use tower::util::BoxCloneService;
 use tower::{BoxError, ServiceBuilder, ServiceExt};
 
-/// Requests each connection serves before the server drains it (nginx's
-/// `keepalive_requests`, set low).
-const PER_CONNECTION: usize = 20;
 const REQUESTS: u64 = 2_000;
 const CONCURRENCY: u64 = 32;
 
@@ -41,8 +38,9 @@ enum Protocol {
 type Processed = Arc<Mutex<HashMap<u64, u32>>>;
 
 /// A server on 127.0.0.1:0 that drains each connection gracefully once it has taken
-/// `PER_CONNECTION` requests. The accept loop ends with the test's runtime.
-async fn draining_server(protocol: Protocol) -> (SocketAddr, Processed) {
+/// `per_connection` requests (nginx's `keepalive_requests`, set low). The accept loop
+/// ends with the test's runtime.
+async fn draining_server(protocol: Protocol, per_connection: usize) -> (SocketAddr, Processed) {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let processed = Processed::default();
@@ -54,7 +52,7 @@ async fn draining_server(protocol: Protocol) -> (SocketAddr, Processed) {
             let drain = Arc::new(tokio::sync::Notify::new());
             let (count, signal) = (taken.clone(), drain.clone());
             let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-                if count.fetch_add(1, Ordering::SeqCst) + 1 == PER_CONNECTION {
+                if count.fetch_add(1, Ordering::SeqCst) + 1 == per_connection {
                     signal.notify_one();
                 }
                 let seen = seen.clone();
@@ -210,13 +208,13 @@ fn processed_twice(processed: &Processed) -> (usize, usize) {
     (twice(1), twice(0))
 }
 
-async fn drain_test(protocol: Protocol) {
-    let (addr, processed) = draining_server(protocol).await;
+async fn drain_test(protocol: Protocol, per_connection: usize) {
+    let (addr, processed) = draining_server(protocol, per_connection).await;
     let plain = run(no_retries(protocol), addr).await;
     let (plain_posts, _) = processed_twice(&processed);
     assert_eq!(plain_posts, 0, "no retries: nothing is sent twice");
 
-    let (addr, processed) = draining_server(protocol).await;
+    let (addr, processed) = draining_server(protocol, per_connection).await;
     let policy = RetryPolicy::default();
     let breaker = CircuitBreaker::default();
     let failures = run(stormguard(protocol, policy.clone(), breaker.clone()), addr).await;
@@ -234,7 +232,7 @@ async fn drain_test(protocol: Protocol) {
     let stats = policy.stats();
     println!(
         "{protocol:?}, {REQUESTS} requests (half POST), {CONCURRENCY} at a time, \
-         server drains every {PER_CONNECTION}:\n  \
+         server drains every {per_connection}:\n  \
          no retries: {} errors at the caller\n  \
          stormguard defaults: {} errors ({} of requests the server never processed), \
          {} transparent retries, {} retries, {} budget denials, \
@@ -285,11 +283,21 @@ async fn drain_test(protocol: Protocol) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn http2_goaway_drains_never_reach_the_caller() {
-    drain_test(Protocol::Http2).await;
+async fn http2_goaway_drains_every_20_never_reach_the_caller() {
+    drain_test(Protocol::Http2, 20).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn http1_connection_drains_never_reach_the_caller() {
-    drain_test(Protocol::Http1).await;
+async fn http2_goaway_drains_every_10_never_reach_the_caller() {
+    drain_test(Protocol::Http2, 10).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http1_connection_drains_every_20_never_reach_the_caller() {
+    drain_test(Protocol::Http1, 20).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http1_connection_drains_every_10_never_reach_the_caller() {
+    drain_test(Protocol::Http1, 10).await;
 }
