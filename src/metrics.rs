@@ -88,22 +88,15 @@
 //!
 //! # Alert rules
 //!
-//! Alert rules an operator would write from them (PromQL):
-//!
-//! ```yaml
-//! - alert: RetriesExhausting          # retries give up faster than usual: the dependency is failing
-//!   expr: sum by (service) (rate(retry_give_ups_total{reason=~"exhausted|budget"}[5m])) > 1
-//! - alert: RetryBudgetSpent           # the budget is empty: callers now see first-try failures
-//!   expr: max by (service) (retry_budget_remaining) == 0
-//! - alert: RetryTrafficHigh           # retries above 10% of first tries for 10 minutes
-//!   expr: |
-//!     sum by (service) (rate(retry_attempts_total{attempt_number!="1"}[5m]))
-//!       / sum by (service) (rate(retry_attempts_total{attempt_number="1"}[5m])) > 0.1
-//!   for: 10m
-//! - alert: CircuitOpen                # the breaker has been refusing calls for a minute
-//!   expr: max by (dependency) (circuit_breaker_state) >= 2
-//!   for: 1m
-//! ```
+//! `contrib/prometheus/stormguard-rules.yml` in the repository holds recording rules (the
+//! retry ratio, the budget's use, give-ups per reason) and four alerts over these
+//! series: requests giving up faster than one a second (`exhausted` or `budget`),
+//! wasted retries above the budget's 10% for ten minutes (a retry ratio above 10% is
+//! legitimate while the retries succeed: the alert is on `retry_ratio`, the waste), a
+//! budget spent and refusing, and a circuit refusing calls for a minute. CI runs
+//! `promtool check rules` on them and `promtool test rules` on their unit tests
+//! (`stormguard-rules.test.yml`), whose input series `tests/metrics.rs` checks against
+//! the metrics example's own scrape, so that renaming a series or a label fails a test.
 
 use std::sync::OnceLock;
 

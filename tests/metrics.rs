@@ -69,6 +69,30 @@ async fn the_series_reach_a_real_exporter() {
         "{scrape}"
     );
     assert!(value(&scrape, "circuit_breaker_state", &[dependency]).is_some());
+    // Every series the Prometheus rules' unit tests feed in is one the example exports,
+    // name and labels: renaming either breaks this test, not only the dashboards.
+    let tests = include_str!("../contrib/prometheus/stormguard-rules.test.yml");
+    let mut checked = 0;
+    for line in tests.lines() {
+        let Some(series) = line.trim().strip_prefix("- series: '") else {
+            continue;
+        };
+        let series = series.trim_end_matches('\'');
+        let (name, labels) = series.split_once('{').unwrap_or((series, "}"));
+        let labels: Vec<(&str, &str)> = labels
+            .trim_end_matches('}')
+            .split(',')
+            .filter(|pair| !pair.is_empty())
+            .filter_map(|pair| pair.split_once('='))
+            .map(|(k, v)| (k, v.trim_matches('"')))
+            .collect();
+        assert!(
+            value(&scrape, name, &labels).is_some(),
+            "{series} (in contrib/prometheus/stormguard-rules.test.yml) is not in the scrape:\n{scrape}"
+        );
+        checked += 1;
+    }
+    assert!(checked >= 7, "the rules' tests feed in {checked} series");
 }
 
 /// A gRPC method may allow more attempts than the policy's own (3): each of its
