@@ -97,6 +97,10 @@
 //! `promtool check rules` on them and `promtool test rules` on their unit tests
 //! (`stormguard-rules.test.yml`), whose input series `tests/metrics.rs` checks against
 //! the metrics example's own scrape, so that renaming a series or a label fails a test.
+//! `contrib/grafana/stormguard.json` is a Grafana dashboard over the same series (attempts
+//! by number, retries per first try, give-ups by reason, the budget's gauges, waits, the
+//! breaker's state and transitions); the same test checks that every series it queries,
+//! and every label its selectors name, is in that scrape.
 
 use std::sync::OnceLock;
 

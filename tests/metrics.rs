@@ -93,6 +93,84 @@ async fn the_series_reach_a_real_exporter() {
         checked += 1;
     }
     assert!(checked >= 7, "the rules' tests feed in {checked} series");
+    // Every series the Grafana dashboard queries, with the labels its selectors name.
+    let dashboard: serde_json::Value =
+        serde_json::from_str(include_str!("../contrib/grafana/stormguard.json")).expect("JSON");
+    let mut queried = 0;
+    for expr in exprs(&dashboard) {
+        for (name, keys) in selectors(&expr) {
+            let lines: Vec<&str> = scrape
+                .lines()
+                .filter(|line| line.split(['{', ' ']).next() == Some(name.as_str()))
+                .collect();
+            assert!(
+                !lines.is_empty(),
+                "the dashboard queries {name}, not in the scrape: {expr}"
+            );
+            for key in keys {
+                assert!(
+                    lines.iter().any(|line| line.contains(&format!("{key}=\""))),
+                    "the dashboard selects {name} by {key}, a label it does not have: {expr}"
+                );
+            }
+            queried += 1;
+        }
+    }
+    assert!(queried >= 12, "the dashboard queries {queried} series");
+}
+
+/// Every PromQL expression of a Grafana dashboard: its panels' targets and its
+/// templating queries.
+fn exprs(dashboard: &serde_json::Value) -> Vec<String> {
+    let mut out = Vec::new();
+    let panels = dashboard["panels"].as_array().into_iter().flatten();
+    for target in panels.flat_map(|p| p["targets"].as_array().into_iter().flatten()) {
+        out.extend(target["expr"].as_str().map(str::to_owned));
+    }
+    let variables = dashboard["templating"]["list"]
+        .as_array()
+        .into_iter()
+        .flatten();
+    for variable in variables.filter(|v| v["type"] == "query") {
+        out.extend(variable["query"].as_str().map(str::to_owned));
+    }
+    out
+}
+
+/// The stormguard series an expression names (`retry_...`, `hedge_...`,
+/// `circuit_breaker_...`), each with the label keys of the selector right after it.
+fn selectors(expr: &str) -> Vec<(String, Vec<String>)> {
+    let is_name = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == ':';
+    let mut out = Vec::new();
+    let mut rest = expr;
+    while let Some(start) = rest.find(|c: char| c.is_ascii_alphabetic() || c == '_') {
+        let tail = &rest[start..];
+        let end = tail.find(|c: char| !is_name(c)).unwrap_or(tail.len());
+        let (name, after) = tail.split_at(end);
+        // Skip quoted strings' contents: a word inside "..." is a value, not a name.
+        let quoted = rest[..start].matches('"').count() % 2 == 1;
+        if !quoted
+            && ["retry_", "hedge_", "circuit_breaker_"]
+                .iter()
+                .any(|p| name.starts_with(p))
+        {
+            let keys = after
+                .strip_prefix('{')
+                .and_then(|s| s.split_once('}'))
+                .map(|(inside, _)| {
+                    inside
+                        .split(',')
+                        .filter_map(|m| m.split(['=', '!']).next())
+                        .map(|k| k.trim().to_owned())
+                        .filter(|k| !k.is_empty())
+                        .collect()
+                })
+                .unwrap_or_default();
+            out.push((name.to_owned(), keys));
+        }
+        rest = after;
+    }
+    out
 }
 
 /// A gRPC method may allow more attempts than the policy's own (3): each of its
