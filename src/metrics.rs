@@ -25,7 +25,11 @@
 //!
 //! Handles are registered with the recorder the first time a policy or breaker is used
 //! (a hedge policy's, at its first hedge event, all four together), so install the
-//! recorder before the first request: handles bind to the recorder installed then. Without a recorder every update is
+//! recorder before the first request: handles bind to the recorder installed then.
+//! A series therefore appears with its first event, not at 0: Prometheus's first sample
+//! of it is already above 0, and `increase()` counts from that sample (what came before
+//! it shows in the counter itself). `tests/prometheus.rs` in the repository runs a real
+//! Prometheus against the metrics example and checks both. Without a recorder every update is
 //! a call into `metrics`' no-op recorder; without the feature nothing of this is compiled.
 //! The budget gauges are refreshed on the failure path (each retry and give-up) and at
 //! each of the budget's roll-overs (once per tenth of its window at most, on whichever

@@ -50,12 +50,24 @@ where
     Ok(addr)
 }
 
-/// Installs the Prometheus recorder (once per process), drives `REQUESTS` requests
-/// through a "payments" stack against a dependency that fails its first
-/// `OUTAGE_REQUESTS` requests, and returns what a scrape of `/metrics` printed.
+/// Installs the Prometheus recorder (once per process), serves `/metrics` (rendered at
+/// each scrape) on 127.0.0.1, drives the requests, and returns what a scrape printed.
 pub(crate) async fn run() -> Result<String, BoxError> {
-    let handle: PrometheusHandle = PrometheusBuilder::new().install_recorder()?;
+    let exporter = exporter().await?;
+    drive().await?;
+    scrape(exporter).await
+}
 
+/// Installs the Prometheus recorder (once per process) and serves its rendering on
+/// 127.0.0.1:0 at `/metrics` (any path); returns the address.
+pub(crate) async fn exporter() -> Result<SocketAddr, BoxError> {
+    let handle: PrometheusHandle = PrometheusBuilder::new().install_recorder()?;
+    serve(move || Response::new(Full::new(Bytes::from(handle.render())))).await
+}
+
+/// Drives `REQUESTS` requests, 5 ms apart, through a "payments" stack against a
+/// dependency that fails its first `OUTAGE_REQUESTS` requests.
+pub(crate) async fn drive() -> Result<(), BoxError> {
     let seen = Arc::new(AtomicU32::new(0));
     let upstream = serve(move || {
         let status = if seen.fetch_add(1, Ordering::Relaxed) < OUTAGE_REQUESTS {
@@ -94,8 +106,11 @@ pub(crate) async fn run() -> Result<String, BoxError> {
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+    Ok(())
+}
 
-    let exporter = serve(move || Response::new(Full::new(Bytes::from(handle.render())))).await?;
+/// One scrape of the exporter at `exporter`, over HTTP.
+pub(crate) async fn scrape(exporter: SocketAddr) -> Result<String, BoxError> {
     let scraper: Client<HttpConnector, Full<Bytes>> =
         Client::builder(TokioExecutor::new()).build_http();
     let res = scraper
