@@ -51,6 +51,12 @@
 //! Hedging is not offered here: reqwest-middleware runs the chain for one request at
 //! a time.
 //!
+//! Why a middleware and not a tower `Service` over `reqwest::Client`: reqwest users
+//! compose their clients with reqwest-middleware (tracing, auth, caching), and a
+//! tower user already has hyper-util's client under the tower layers. A tower
+//! service would have to convert each `http::Request` to a `reqwest::Request` and
+//! back, on the user's side or ours, for nothing the middleware does not do.
+//!
 //! # reqwest's own retries
 //!
 //! reqwest 0.13 retries by default, inside `Client::execute`: requests refused at the
