@@ -22,16 +22,27 @@ use stacks::{realistic_request, request, upstream, NeverRetry, Req, TpsPolicy, U
 /// Builds a fresh request for each call.
 type MakeRequest = fn() -> Req;
 
-/// Mean allocations of one call (request built by `make` and sent, response dropped).
-fn allocations_per_call<S, B>(rt: &tokio::runtime::Runtime, make: MakeRequest, svc: S) -> f64
+/// Mean allocations of one call: the request built by `make` and sent, and the response
+/// dropped or, with `to_trailers`, its body read to its end (and its trailers there).
+fn allocations_per_call<S, B>(
+    rt: &tokio::runtime::Runtime,
+    make: MakeRequest,
+    svc: S,
+    to_trailers: bool,
+) -> f64
 where
     S: Service<Req, Response = http::Response<B>> + Clone,
     S::Error: std::fmt::Debug,
+    B: http_body::Body,
+    B::Error: std::fmt::Debug,
 {
     const CALLS: usize = 1000;
     let call = |svc: S| async move {
         let res = svc.oneshot(make()).await.expect("200");
-        drop(res);
+        if to_trailers {
+            let body = http_body_util::BodyExt::collect(res.into_body()).await;
+            assert!(body.expect("a body").trailers().is_some());
+        }
     };
     rt.block_on(async {
         for _ in 0..100 {
@@ -64,13 +75,14 @@ fn the_success_path_allocates_no_more_than_towers_retry() {
         ("realistic", || realistic_request(UPSTREAM)),
     ];
     for (name, make) in requests {
-        let bare = allocations_per_call(&rt, make, upstream());
+        let bare = allocations_per_call(&rt, make, upstream(), false);
         let tower_retry = allocations_per_call(
             &rt,
             make,
             ServiceBuilder::new()
                 .layer(tower::retry::RetryLayer::new(NeverRetry))
                 .service(upstream()),
+            false,
         );
         let tower_tps = allocations_per_call(
             &rt,
@@ -78,6 +90,7 @@ fn the_success_path_allocates_no_more_than_towers_retry() {
             ServiceBuilder::new()
                 .layer(tower::retry::RetryLayer::new(TpsPolicy::new()))
                 .service(upstream()),
+            false,
         );
         let retry = allocations_per_call(
             &rt,
@@ -85,6 +98,7 @@ fn the_success_path_allocates_no_more_than_towers_retry() {
             ServiceBuilder::new()
                 .layer(RetryLayer::new(RetryPolicy::default()))
                 .service(upstream()),
+            false,
         );
         let breaker = CircuitBreaker::builder().build().expect("breaker");
         let retry_breaker = allocations_per_call(
@@ -94,6 +108,7 @@ fn the_success_path_allocates_no_more_than_towers_retry() {
                 .layer(RetryLayer::new(RetryPolicy::default()))
                 .layer(CircuitBreakerLayer::new(breaker))
                 .service(upstream()),
+            false,
         );
         println!(
             "{name} request, allocations per call: bare {bare}, tower_retry {tower_retry}, \
@@ -124,40 +139,16 @@ fn a_grpc_success_read_to_its_trailers_allocates_nothing_in_the_breaker() {
         .enable_time()
         .build()
         .expect("runtime");
-    // Mean allocations of one gRPC call read to its end, trailers included.
-    fn per_call<S, B>(rt: &tokio::runtime::Runtime, svc: S) -> f64
-    where
-        S: Service<Req, Response = http::Response<B>> + Clone,
-        S::Error: std::fmt::Debug,
-        B: http_body::Body,
-        B::Error: std::fmt::Debug,
-    {
-        const CALLS: usize = 1000;
-        let call = |svc: S| async move {
-            let res = svc.oneshot(stacks::grpc_request()).await.expect("200");
-            let body = http_body_util::BodyExt::collect(res.into_body()).await;
-            assert!(body.expect("a body").trailers().is_some());
-        };
-        rt.block_on(async {
-            for _ in 0..100 {
-                call(svc.clone()).await;
-            }
-        });
-        let region = Region::new(GLOBAL);
-        rt.block_on(async {
-            for _ in 0..CALLS {
-                call(svc.clone()).await;
-            }
-        });
-        region.change().allocations as f64 / CALLS as f64
-    }
-    let bare = per_call(&rt, stacks::grpc_upstream());
+    let grpc = stacks::grpc_request;
+    let bare = allocations_per_call(&rt, grpc, stacks::grpc_upstream(), true);
     let breaker = CircuitBreaker::builder().build().expect("breaker");
-    let watched = per_call(
+    let watched = allocations_per_call(
         &rt,
+        grpc,
         ServiceBuilder::new()
             .layer(CircuitBreakerLayer::new(breaker.clone()))
             .service(stacks::grpc_upstream()),
+        true,
     );
     println!(
         "gRPC call read to its trailers, allocations per call: bare {bare}, breaker {watched}"

@@ -6,6 +6,23 @@ mod budget;
 #[path = "../examples/metrics/demo.rs"]
 mod demo;
 
+/// A Prometheus recorder for one test's thread (`metrics::with_local_recorder`), its
+/// handle to render a scrape, and a current-thread runtime on paused time.
+fn local() -> (
+    metrics_exporter_prometheus::PrometheusRecorder,
+    metrics_exporter_prometheus::PrometheusHandle,
+    tokio::runtime::Runtime,
+) {
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("runtime");
+    (recorder, handle, runtime)
+}
+
 /// The value of the series `name{labels}` in a Prometheus text scrape.
 fn value(scrape: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
     scrape.lines().find_map(|line| {
@@ -184,13 +201,7 @@ fn attempts_past_the_policy_s_own_limit_by_a_grpc_method_are_counted() {
     use stormguard::{Attempts, Backoff, BoxError, Jitter, RetryLayer, RetryPolicy};
     use tower::{ServiceBuilder, ServiceExt};
 
-    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
-    let handle = recorder.handle();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .expect("runtime");
+    let (recorder, handle, runtime) = local();
     let backoff = Backoff::new(
         Duration::from_millis(1),
         Duration::from_millis(10),
@@ -251,13 +262,7 @@ fn hedges_sent_won_cancelled_and_refused_are_counted() {
     use stormguard::{BoxError, HedgeLayer, HedgePolicy, RetryBudget};
     use tower::{ServiceBuilder, ServiceExt};
 
-    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
-    let handle = recorder.handle();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .expect("runtime");
+    let (recorder, handle, runtime) = local();
     let hedged = |name: &str, budget: RetryBudget| {
         HedgePolicy::builder()
             .name(name)
@@ -346,13 +351,7 @@ fn the_budget_gauges_are_current_after_a_recovery() {
     use stormguard::{BoxError, RetryBudget, RetryLayer, RetryPolicy};
     use tower::{ServiceBuilder, ServiceExt};
 
-    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
-    let handle = recorder.handle();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .expect("runtime");
+    let (recorder, handle, runtime) = local();
     let budget = RetryBudget::builder()
         .name("recovering")
         .build()
