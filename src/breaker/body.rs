@@ -8,7 +8,7 @@ use std::task::{Context, Poll};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use stormguard_core::breaker::Outcome;
-use stormguard_core::classify::GrpcCodeSet;
+use stormguard_core::classify::grpc_status;
 
 use super::future::Guard;
 
@@ -41,27 +41,8 @@ pin_project! {
     pub struct ResponseBody<B> {
         #[pin]
         inner: B,
-        watch: Option<Watch>,
-    }
-}
-
-/// What a watched body needs at its end: the call's permit, and the codes that fail.
-pub(super) struct Watch {
-    pub(super) guard: Guard,
-    pub(super) failure_codes: GrpcCodeSet,
-}
-
-impl Watch {
-    /// The outcome a `grpc-status` of `code` is for the breaker.
-    fn outcome(&self, code: Option<i32>) -> Outcome {
-        match code {
-            Some(0) => Outcome::Success,
-            Some(code) if self.failure_codes.contains(code) => Outcome::Failure,
-            Some(_) => Outcome::Ignored,
-            // No status at all: the server broke the protocol.
-            None if self.failure_codes.contains(GrpcCodeSet::INTERNAL) => Outcome::Failure,
-            None => Outcome::Ignored,
-        }
+        // The call's guard, while its outcome is still to come.
+        watch: Option<Guard>,
     }
 }
 
@@ -72,10 +53,10 @@ impl<B> ResponseBody<B> {
     }
 
     /// A body whose outcome is in its trailers.
-    pub(super) fn watched(inner: B, watch: Watch) -> Self {
+    pub(super) fn watched(inner: B, guard: Guard) -> Self {
         ResponseBody {
             inner,
-            watch: Some(watch),
+            watch: Some(guard),
         }
     }
 
@@ -106,22 +87,22 @@ impl<B: Body> Body for ResponseBody<B> {
     ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
         let this = self.project();
         let polled = this.inner.poll_frame(cx);
-        let Some(watch) = this.watch.as_mut() else {
+        let Some(guard) = this.watch.as_ref() else {
             return polled;
         };
         let outcome = match &polled {
             Poll::Pending => return polled,
             Poll::Ready(Some(Ok(frame))) => match frame.trailers_ref() {
-                Some(trailers) => watch.outcome(stormguard_core::classify::grpc_status(trailers)),
+                Some(trailers) => guard.grpc_outcome(grpc_status(trailers)),
                 // A message: it decides a probe, and nothing else yet.
-                None if watch.guard.is_probe() => Outcome::Success,
+                None if guard.is_probe() => Outcome::Success,
                 None => return polled,
             },
             Poll::Ready(Some(Err(_))) => Outcome::Failure,
-            Poll::Ready(None) => watch.outcome(None),
+            Poll::Ready(None) => guard.grpc_outcome(None),
         };
-        if let Some(mut watch) = this.watch.take() {
-            watch.guard.finish(outcome);
+        if let Some(mut guard) = this.watch.take() {
+            guard.finish(outcome);
         }
         polled
     }

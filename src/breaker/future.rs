@@ -9,7 +9,7 @@ use http::Response;
 use pin_project_lite::pin_project;
 use stormguard_core::breaker::Permit;
 
-use super::body::{ResponseBody, Watch};
+use super::body::ResponseBody;
 use super::{BoxError, CircuitBreaker, CircuitOpen, Verdict};
 
 pin_project! {
@@ -98,12 +98,7 @@ where
                             Ok(response.map(ResponseBody::plain))
                         }
                         Verdict::AtEnd => {
-                            let failure_codes = guard.breaker.shared.failure_grpc_codes;
-                            let watch = Watch {
-                                guard,
-                                failure_codes,
-                            };
-                            Ok(response.map(|body| ResponseBody::watched(body, watch)))
+                            Ok(response.map(|body| ResponseBody::watched(body, guard)))
                         }
                     },
                     Err(error) => {
@@ -136,6 +131,13 @@ impl Guard {
     /// Whether this call is a half-open probe (and not yet reported).
     pub(super) fn is_probe(&self) -> bool {
         self.permit.as_ref().is_some_and(Permit::is_probe)
+    }
+
+    /// What a `grpc-status` of `code` (`None`: a stream that ended without one, which
+    /// gRPC clients read as INTERNAL) is for this call's breaker.
+    pub(super) fn grpc_outcome(&self, code: Option<i32>) -> stormguard_core::breaker::Outcome {
+        self.breaker
+            .grpc_outcome(code.unwrap_or(stormguard_core::classify::GrpcCodeSet::INTERNAL))
     }
 
     /// Reports the call's outcome, once.

@@ -491,13 +491,7 @@ impl CircuitBreaker {
 
     fn classify_head(&self, status: http::StatusCode, headers: &http::HeaderMap) -> Verdict {
         if let Some(code) = grpc_status(headers) {
-            return Verdict::Now(if code == 0 {
-                Outcome::Success
-            } else if self.shared.failure_grpc_codes.contains(code) {
-                Outcome::Failure
-            } else {
-                Outcome::Ignored
-            });
+            return Verdict::Now(self.grpc_outcome(code));
         }
         if stormguard_core::classify::status_in_trailers(status, headers) {
             return Verdict::AtEnd;
@@ -509,6 +503,17 @@ impl CircuitBreaker {
         } else {
             Outcome::Success
         })
+    }
+
+    /// What a `grpc-status` of `code`, in a response's head or its trailers, is.
+    fn grpc_outcome(&self, code: i32) -> Outcome {
+        if code == 0 {
+            Outcome::Success
+        } else if self.shared.failure_grpc_codes.contains(code) {
+            Outcome::Failure
+        } else {
+            Outcome::Ignored
+        }
     }
 
     /// Every error is the dependency's failure, but a nested breaker's refusal, which
