@@ -7,12 +7,10 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use http::HeaderValue;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
-use stormguard_core::classify::{grpc_status, GRPC_RETRY_PUSHBACK_MS};
 
-use super::{give_up_of, Inbound, INBOUND};
+use super::{give_up_of, mark_grpc, Inbound, INBOUND};
 
 pin_project! {
     /// The body of a response through [`Signals`](super::Signals): the handler's body.
@@ -75,9 +73,8 @@ impl<B: Body> Body for ResponseBody<B> {
         let mut polled = INBOUND.sync_scope(Arc::clone(inbound), || inner.poll_frame(cx));
         if let Poll::Ready(Some(Ok(frame))) = &mut polled {
             if let Some(trailers) = frame.trailers_mut() {
-                let gave_up = give_up_of(inbound.gave_up.load(Ordering::Relaxed)).is_some();
-                if gave_up && grpc_status(trailers).is_some_and(|code| code != 0) {
-                    trailers.insert(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from_static("-1"));
+                if give_up_of(inbound.gave_up.load(Ordering::Relaxed)).is_some() {
+                    mark_grpc(trailers);
                 }
                 *this.inbound = None;
             }

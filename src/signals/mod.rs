@@ -211,16 +211,24 @@ fn give_up_of(code: u8) -> Option<GiveUp> {
 
 /// Marks a failed response "do not retry"; leaves successes and client errors alone.
 fn mark<B>(res: &mut Response<B>, why: GiveUp) {
-    match grpc_status(res.headers()) {
-        Some(0) => {}
+    if mark_grpc(res.headers_mut()) {
+        return;
+    }
+    if res.status().is_server_error() {
+        res.headers_mut()
+            .insert(X_NO_RETRY, HeaderValue::from_static(why.as_str()));
+    }
+}
+
+/// Marks a failed gRPC status in `headers` (a head or trailers) "do not retry" (gRFC
+/// A6's negative pushback); `false` when they carry no `grpc-status`.
+fn mark_grpc(headers: &mut http::HeaderMap) -> bool {
+    match grpc_status(headers) {
+        Some(0) => true,
         Some(_) => {
-            res.headers_mut()
-                .insert(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from_static("-1"));
+            headers.insert(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from_static("-1"));
+            true
         }
-        None if res.status().is_server_error() => {
-            res.headers_mut()
-                .insert(X_NO_RETRY, HeaderValue::from_static(why.as_str()));
-        }
-        None => {}
+        None => false,
     }
 }
