@@ -10,9 +10,10 @@ use stormguard_core::breaker::CircuitState;
 /// The error returned, boxed in a [`BoxError`](crate::BoxError), for a call the circuit breaker refused
 /// without calling the inner service.
 ///
-/// Find it with `err.downcast_ref::<CircuitOpen>()`. The retry layer gives up on it
-/// (`GiveUp::CircuitOpen`) unless the break ends before the backoff's next wait, which it
-/// then waits out.
+/// Find it with `err.downcast_ref::<CircuitOpen>()`. The retry layer waits out a break
+/// that ends before the backoff's next wait, without counting the refused call as an
+/// attempt, up to as many refusals as the request has attempts; otherwise, and for an
+/// isolated circuit, it gives up (`GiveUp::CircuitOpen`).
 ///
 /// ```
 /// use std::time::Duration;

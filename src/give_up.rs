@@ -22,8 +22,9 @@ pub enum GiveUp {
     /// A gRPC response said not to retry: a negative or unparseable pushback, or one of
     /// the headers [`DontRetry`](GiveUp::DontRetry) names.
     Pushback,
-    /// A circuit breaker is open, for longer than the next backoff would wait (a
-    /// shorter break is waited out).
+    /// A circuit breaker is open, for longer than the next backoff would wait, or
+    /// isolated, or refused the request as many times as it has attempts (a shorter
+    /// break is waited out, and is not an attempt).
     CircuitOpen,
     /// The wait would end after the request's [`Deadline`](stormguard_core::deadline::Deadline).
     Deadline,

@@ -3,7 +3,7 @@
 //! ```text
 //!   total timeout (30 s, which the retry layer also knows as its deadline)
 //!     └ retry (3 attempts, full jitter 200 ms / 20 s, the budget, Retry-After)
-//!         └ circuit breaker (2 s window, 95% of 20 calls or 100 in a row, 25 ms breaks)
+//!         └ circuit breaker (2 s window, 95% of 20 calls or 50 in a row, 25 ms breaks)
 //!             └ attempt timeout (10 s)
 //!                 └ your client: hyper-util's Client, a tonic Channel, any Service
 //! ```

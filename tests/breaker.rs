@@ -485,15 +485,126 @@ async fn with_retry_outside_a_short_break_is_waited_out() {
         send.send_response(response(503));
     }
     // The third attempt (at 30 ms) meets the open circuit, 5 ms before its break ends,
-    // and waits out the next backoff (40 ms): the fourth is the probe, and succeeds.
+    // and waits out the next backoff (40 ms): the call it sends then is the probe, and
+    // succeeds. The refused call never left the client, so it was not an attempt.
     let (_, send) = next_request(&mut handle).await;
     assert_eq!(Instant::now() - started, 70 * MS);
     send.send_response(response(200));
     let res = call.await.expect("task").expect("served");
     assert_eq!(res.status(), StatusCode::OK);
-    assert_eq!(Attempts::of(&res), 4);
+    assert_eq!(Attempts::of(&res), 3);
     assert_eq!(breaker.stats().rejected, 1);
     assert_eq!(breaker.state(), CircuitState::Closed);
+}
+
+/// A circuit that opens for 25 ms after two failures in a row, and a retry layer of the
+/// default 3 attempts waiting 10, 20, 40, 80 ms between calls (no jitter).
+fn blip_client(
+    breaker: &CircuitBreaker,
+) -> (
+    impl Service<Req, Response = Response<ResponseBody<()>>, Error = BoxError, Future: Send>
+        + Clone
+        + Send
+        + 'static,
+    Handle<Req, Res>,
+    stormguard::RetryPolicy,
+) {
+    use stormguard::{Backoff, Jitter, RetryLayer, RetryPolicy};
+    let policy = RetryPolicy::builder()
+        .backoff(Backoff::new(10 * MS, BREAK, Jitter::None).expect("backoff"))
+        .build()
+        .expect("policy");
+    let (mock, handle) = mock::pair::<Req, Res>();
+    let client = tower::ServiceBuilder::new()
+        .layer(RetryLayer::new(policy.clone()))
+        .layer(CircuitBreakerLayer::new(breaker.clone()))
+        .service(mock);
+    (client, handle, policy)
+}
+
+fn blip_breaker() -> CircuitBreaker {
+    CircuitBreaker::builder()
+        .consecutive_failures(2)
+        .break_duration(25 * MS)
+        .max_break_duration(25 * MS)
+        .jitter(0.0)
+        .seed(1)
+        .build()
+        .expect("breaker")
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_blip_that_opens_the_circuit_costs_a_request_none_of_its_attempts() {
+    let breaker = blip_breaker();
+    let (client, mut handle, policy) = blip_client(&breaker);
+    let call = tokio::spawn(client.oneshot(Request::new(())));
+    // Two 503s (at 0 and 10 ms) open the circuit until 35 ms; the call at 30 ms is
+    // refused and waits 40 ms more. With refusals counted as attempts, the request
+    // would end there, its three attempts spent, in a blip already over.
+    for _ in 0..2 {
+        let (_, send) = next_request(&mut handle).await;
+        send.send_response(response(503));
+    }
+    let (_, send) = next_request(&mut handle).await;
+    send.send_response(response(200));
+    let res = call.await.expect("task").expect("served");
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(stormguard::Attempts::of(&res), 3);
+    assert_eq!(breaker.stats().rejected, 1);
+    // Its third attempt was a retry like the second; the refusal asked the budget for
+    // nothing.
+    assert_eq!(policy.stats().retries, 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_circuit_that_keeps_refusing_ends_the_request_after_as_many_refusals_as_attempts() {
+    let breaker = blip_breaker();
+    // Other traffic opens the circuit, and its probe, sent once the break is over,
+    // hangs: the circuit stays half-open with its one probe slot taken.
+    let (mut other, mut other_handle) = service(&breaker);
+    for _ in 0..2 {
+        exchange(&mut other, &mut other_handle, 503).await;
+    }
+    advance(25 * MS).await;
+    let probe = other.ready().await.expect("ready").call(Request::new(()));
+    let (_, probe_answer) = next_request(&mut other_handle).await;
+    assert_eq!(breaker.state(), CircuitState::HalfOpen);
+
+    let (client, mut handle, policy) = blip_client(&breaker);
+    let started = Instant::now();
+    let error = client
+        .oneshot(Request::new(()))
+        .await
+        .expect_err("never let through");
+    // Refused at 0, 10, 30 and 70 ms: three refusals waited out (10 + 20 + 40 ms), the
+    // fourth given up on, and nothing sent.
+    assert!(error.is::<CircuitOpen>(), "{error}");
+    assert_eq!(Instant::now() - started, 70 * MS);
+    assert_eq!(breaker.stats().rejected, 4);
+    assert!(
+        !matches!(handle.poll_request(), Poll::Ready(Some(_))),
+        "a refused request reached the service"
+    );
+    assert_eq!(policy.stats().retries, 0);
+
+    probe_answer.send_response(response(200));
+    probe.await.expect("the probe's answer");
+    assert_eq!(breaker.state(), CircuitState::Closed);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_isolated_circuit_fails_fast_under_a_retry_layer() {
+    let breaker = blip_breaker();
+    let (client, _handle, _policy) = blip_client(&breaker);
+    breaker.isolate();
+    let started = Instant::now();
+    let error = client
+        .oneshot(Request::new(()))
+        .await
+        .expect_err("isolated");
+    assert!(error.is::<CircuitOpen>(), "{error}");
+    assert_eq!(Instant::now(), started);
+    assert_eq!(breaker.stats().rejected, 1);
 }
 
 /// A service whose `call` or whose response future panics, for the probe tests.

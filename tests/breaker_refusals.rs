@@ -117,15 +117,15 @@ async fn calls_until_open(
 
 async fn trips(refusal: Refusal) {
     let addr = refusing_server(refusal).await;
-    // The default breaker: 100 failures in a row, or 95% of at least 20 calls in 2 s.
+    // The default breaker: 50 failures in a row, or 95% of at least 20 calls in 2 s.
     let breaker = CircuitBreaker::default();
     let mut svc = stack(&breaker);
     let calls = calls_until_open(&mut svc, &breaker, addr, 300).await;
     let stats = breaker.stats();
-    // Refusals count only in a run of failures in a row: the 100th opens the circuit,
+    // Refusals count only in a run of failures in a row: the 50th opens the circuit,
     // and the call after it fails fast.
-    assert_eq!(calls, 101, "{stats:?}");
-    assert_eq!((stats.refused, stats.failures), (100, 0), "{stats:?}");
+    assert_eq!(calls, 51, "{stats:?}");
+    assert_eq!((stats.refused, stats.failures), (50, 0), "{stats:?}");
     assert_eq!(stats.rejected, 1);
 }
 

@@ -119,7 +119,7 @@ async fn example_file_builds_each_dependency_as_written() -> Result<(), BoxError
     assert_eq!(payments.budget.name(), Some("payments"));
     let breaker = payments.breaker.clone().expect("payments has a breaker");
     assert_eq!(breaker.name(), "payments");
-    assert_eq!(breaker.config().consecutive_failures(), Some(100));
+    assert_eq!(breaker.config().consecutive_failures(), Some(50));
     assert_eq!(breaker.config().break_duration(), 25 * MS);
     assert!(payments.hedge.is_none());
     assert!(config.dependency("cache")?.breaker.is_none());

@@ -310,7 +310,7 @@ async fn a_config_dependency_makes_the_stack_and_its_breaker_off_never_opens() {
         Ok::<_, BoxError>(Response::builder().status(500).body(String::new())?)
     });
     let svc = stack.http(failing);
-    // Far past what opens the default breaker (100 in a row, or 95% of 20 calls).
+    // Far past what opens the default breaker (50 in a row, or 95% of 20 calls).
     for _ in 0..300 {
         let request = Request::get("http://legacy/")
             .body(String::new())

@@ -32,8 +32,9 @@ use super::{Callback, CircuitBreaker, CircuitState, Shared, Transition};
 ///     // Lower trips on partial outages whose retries would have served (0.5 served
 ///     // less than no retries at 60% failures).
 ///     .failure_ratio(0.95)
-///     // Lower trips on a 90% partial outage (50 in a row did).
-///     .consecutive_failures(100)
+///     // Lower trips on a 90% partial outage (30 in a row did, and served less than
+///     // no retries).
+///     .consecutive_failures(50)
 ///     // Longer only where a probe is expensive: the client is blind for the break.
 ///     .break_duration(Duration::from_millis(25))
 ///     .max_break_duration(Duration::from_millis(25))

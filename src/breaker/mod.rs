@@ -60,11 +60,12 @@
 //!     // against the old 50% over 30 s with 5 s breaks, which turned a 5 s outage into an
 //!     // 8 s one and shed requests that would have succeeded.
 //!     CircuitBreaker::builder()
-//!         // Trips on a total outage within about 0.2 s, and practically never on random
-//!         // 90% failures (0.9^100 is about 3e-5). Do not lower it: 50 in a row (or 80%)
-//!         // tripped on a 90% partial outage and served less than no retries.
-//!         .consecutive_failures(100)
-//!         // The backstop for clients too slow to see 100 failures in a row; keep it high:
+//!         // Trips on a total outage (or a blip) within about 0.1 s at 500 calls a
+//!         // second, and seldom on random 90% failures (0.9^50 is about 5e-3). Do not
+//!         // lower it: 30 in a row tripped on a 90% partial outage and served less
+//!         // than no retries.
+//!         .consecutive_failures(50)
+//!         // The backstop for clients too slow to see 50 failures in a row; keep it high:
 //!         // at 0.5 a breaker sheds the first tries of a 60% partial outage, which succeed
 //!         // 40% of the time, and serves less than not retrying.
 //!         .failure_ratio(0.95)
@@ -336,7 +337,7 @@ impl fmt::Debug for CircuitBreaker {
 }
 
 impl CircuitBreaker {
-    /// A builder with the defaults: open after 100 failures in a row, or when at least
+    /// A builder with the defaults: open after 50 failures in a row, or when at least
     /// 20 calls over a 2 s window saw 95% fail; 25 ms breaks with 20% jitter, one probe; failures
     /// as described in the [module docs](self), failing fast while open.
     pub fn builder() -> CircuitBreakerBuilder {

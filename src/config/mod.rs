@@ -21,7 +21,7 @@
 //! backoff = { base = "200ms", cap = "20s" }    # [200ms, 20s] durations: "250us", "200ms", "1.5s", "2m"
 //!
 //! [dependencies.payments.breaker]              # the breaker is on unless `enabled = false`
-//! consecutive_failures = 100                   # [100] 50 tripped on a 90% partial outage and
+//! consecutive_failures = 50                    # [50] 30 tripped on a 90% partial outage and
 //!                                              # served less than no retries: do not lower it
 //!
 //! [dependencies.search.hedging]                # hedging is off unless the section is there
@@ -103,17 +103,18 @@
 //! `cargo run --example config --features serde` reads `examples/stormguard.toml` and the
 //! A6 service config in `examples/grpc_service_config.json` (both in the repository), then
 //! drives the `payments` stack against a server on 127.0.0.1 that fails its first 30
-//! requests. On commit 062978c it printed:
+//! requests. On the commit that stopped counting a breaker's refusals as attempts
+//! (CHANGELOG.md, Unreleased) it printed:
 //!
 //! ```text
 //! examples/stormguard.toml:
 //! | dependency | retry budget | breaker | hedging |
 //! |---|---|---|---|
 //! | cache | 10% of requests over 10s | off | off |
-//! | inventory | 10% of requests over 10s | opens at 100 failures in a row or 95% of 2s, breaks 25ms to 25ms | off |
-//! | payments | 10% of requests over 10s | opens at 100 failures in a row or 95% of 2s, breaks 25ms to 25ms | off |
-//! | search | 20% of requests over 10s | opens at 100 failures in a row or 95% of 2s, breaks 25ms to 25ms | 2 copies |
-//! | users | 10% of requests over 10s | opens at 100 failures in a row or 95% of 2s, breaks 25ms to 25ms | off |
+//! | inventory | 10% of requests over 10s | opens at 50 failures in a row or 95% of 2s, breaks 25ms to 25ms | off |
+//! | payments | 10% of requests over 10s | opens at 50 failures in a row or 95% of 2s, breaks 25ms to 25ms | off |
+//! | search | 20% of requests over 10s | opens at 50 failures in a row or 95% of 2s, breaks 25ms to 25ms | 2 copies |
+//! | users | 10% of requests over 10s | opens at 50 failures in a row or 95% of 2s, breaks 25ms to 25ms | off |
 //!
 //! examples/grpc_service_config.json, each call's method config:
 //!   /grpc.testing.TestService/UnaryCall        retry: 4 attempts, backoff 100ms to 1s x2
@@ -121,7 +122,7 @@
 //!   /grpc.testing.TestService/UnaryCallHedged  hedge: 4 copies, 500ms apart
 //!   /other.Service/Call                        sent once
 //!
-//! payments: 200 requests, the server failing its first 30: 154 ok, 5 retries, 40 refused by the budget, breaker closed at the end (21 calls refused)
+//! payments: 200 requests, the server failing its first 30: 170 ok, 4 retries, 23 refused by the budget, breaker closed at the end (13 calls refused)
 //! ```
 //!
 //! The simulator reads the same file:
@@ -131,7 +132,7 @@
 //! `cargo run --release -p stormguard-sim -- fleet --config examples/stormguard.toml`
 //! (1000 clients, total outage 20–30 s; hedging and per-method settings are not
 //! simulated, and a dependency's `retry_throttling` is simulated as its budget alone)
-//! printed, on the same commit:
+//! printed, on commit 062978c (and the same rows, wall times aside, on that later commit):
 //!
 //! ```text
 //! fleet: 1000 clients (per-client budgets/breakers), 1000 req/s for 60 s, capacity 1500 req/s (queue 750), timeout 1s; Outage from 20 s for 10 s

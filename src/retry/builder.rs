@@ -245,6 +245,7 @@ impl RetryPolicyBuilder {
             admitted: 0,
             expensive_pending: false,
             transparent_used: false,
+            refusals: 0,
             deadline: RequestDeadline::Unsent,
             streams: None,
         }

@@ -127,6 +127,17 @@
 //! broken pipe on a request that may have been processed, which a POST must not repeat
 //! (the test allows under 1% of these and reports them apart).
 //!
+//! # An open circuit below
+//!
+//! A call that a [`CircuitBreaker`](crate::CircuitBreaker) below refuses never left the
+//! client: it is not an attempt and asks the budget for nothing. When the break ends
+//! before the request's next backoff would, the call is sent again after that backoff
+//! (the circuit admits its probe meanwhile), keeping the request's attempts, so a blip
+//! that opens the circuit costs its requests a wait, not their retries. A request waits
+//! out at most as many refusals as it has attempts; a longer break, or an isolated
+//! circuit, ends it at once with [`CircuitOpen`](crate::CircuitOpen) (reason
+//! `circuit_open`). The request's deadline bounds every wait.
+//!
 //! # Deadlines
 //!
 //! A retry whose wait would end after the caller stops waiting is not scheduled: the last

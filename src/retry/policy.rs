@@ -56,6 +56,9 @@ pub struct RetryPolicy {
     pub(super) attempts: u32,
     /// Whether this request has had its one transparent retry.
     pub(super) transparent_used: bool,
+    /// Refusals by an open circuit this request has waited out: a refused call never
+    /// left the client, so it is not an attempt; at most `max_attempts` are waited out.
+    pub(super) refusals: u8,
     /// Retries this request was admitted to make and not yet settled with the budget
     /// (attempts are capped at 100, so they fit): charged as wasted if it ends
     /// unserved, its caller gone included.
@@ -180,6 +183,7 @@ impl RetryPolicy {
             shared: Arc::clone(&self.shared),
             attempts: 0,
             transparent_used: false,
+            refusals: 0,
             admitted: 0,
             expensive_pending: false,
             deadline: RequestDeadline::SentAt(sent, total),
@@ -262,6 +266,41 @@ impl RetryPolicy {
             let now = tokio::time::Instant::now().into_std();
             self.shared.budget.charge(now, u32::from(admitted));
         }
+    }
+
+    /// Sends the call an open circuit refused again after `delay`, a backoff that
+    /// outlasts the break. The call never left the client: it is not an attempt, asks
+    /// the budget for nothing and keeps whatever the budget admitted it on (a retry
+    /// refused stays the same retry); only the deadline and the body can stop it.
+    fn wait_out_break<B, Res, E>(
+        &mut self,
+        req: &mut Request<B>,
+        result: &mut Result<Response<Res>, E>,
+        delay: Duration,
+    ) -> Option<Wait> {
+        let attempts = self.attempts + 1;
+        if !body_replayable(req) {
+            return self.finish(result, attempts, Some(GiveUp::BodyNotReplayable));
+        }
+        self.read_deadline(req);
+        let now = tokio::time::Instant::now().into_std();
+        if self.deadline().is_some_and(|d| !d.allows(now, delay)) {
+            return self.finish(result, attempts, Some(GiveUp::Deadline));
+        }
+        self.refusals = self.refusals.saturating_add(1);
+        if let Some(deadline) = self.deadline().filter(|_| is_grpc(req)) {
+            let left = deadline.remaining(now + delay);
+            req.headers_mut()
+                .insert(GRPC_TIMEOUT, grpc_timeout_value(left));
+        }
+        tracing::debug!(
+            target: "stormguard::retry",
+            attempt = attempts,
+            delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+            reason = "circuit_open",
+            "waiting out the break"
+        );
+        Some(Wait::sleep(delay))
     }
 
     /// The one free retry of a request its server refused before its application saw
@@ -495,8 +534,6 @@ where
         // Whether repeating the request is safe whatever its method: the failure proves
         // the application never saw it, or gRPC declared its code retryable (gRFC A6
         // leaves that judgement to the configured codes).
-        // The wait decided by an open circuit's break, if the failure was one.
-        let mut after_break = None;
         let (class, safe_for_any_method, expensive) = match result {
             Ok(res) if grpc => {
                 let rules = Rules {
@@ -526,24 +563,18 @@ where
                 ErrorClass::MaybeProcessed => (Class::Retryable { after: None }, false, true),
                 ErrorClass::CircuitOpen => {
                     // A break that ends before the backoff would anyway is waited out:
-                    // the circuit admits its probe meanwhile, so the retry adds no
-                    // load, and a blip's requests are not lost to it. A longer break
-                    // fails fast.
+                    // the circuit admits its probe meanwhile, so the call adds no load,
+                    // and a blip's requests are not lost to it. A longer break, or more
+                    // refusals than the request has attempts, fails fast.
                     let remaining = crate::error_class::circuit_open_remaining(err);
                     let delay = self.next_backoff(limits.backoff);
-                    match remaining {
-                        Some(remaining) if remaining <= delay => {
-                            after_break = Some(delay);
-                            (Class::Retryable { after: None }, true, false)
+                    let waited = u32::from(self.refusals);
+                    return match remaining {
+                        Some(remaining) if remaining <= delay && waited < limits.max_attempts => {
+                            self.wait_out_break(req, result, delay)
                         }
-                        _ => {
-                            return self.finish(
-                                result,
-                                self.attempts + 1,
-                                Some(GiveUp::CircuitOpen),
-                            )
-                        }
-                    }
+                        _ => self.finish(result, self.attempts + 1, Some(GiveUp::CircuitOpen)),
+                    };
                 }
                 ErrorClass::Local | ErrorClass::Unknown => (Class::Permanent, false, false),
             },
@@ -567,18 +598,17 @@ where
         // Read once a retry is in view, before any header of the request is rewritten.
         self.read_deadline(req);
         let backoff = limits.backoff;
-        let delay = match (after_break, after) {
-            (Some(wait), _) => wait,
-            (None, Some(exact)) if grpc => {
+        let delay = match after {
+            Some(exact) if grpc => {
                 // gRFC A6: after the server's own wait, the backoff starts over.
                 self.streams(backoff).schedule.restart();
                 exact
             }
-            (None, Some(hint)) => {
+            Some(hint) => {
                 let delay = self.next_backoff(backoff);
                 delay.max(self.stretch(backoff, hint))
             }
-            (None, None) => self.next_backoff(backoff),
+            None => self.next_backoff(backoff),
         };
         let now = tokio::time::Instant::now().into_std();
         if let Err(why) = self.may_wait(now, delay) {
@@ -616,7 +646,8 @@ where
     }
 
     fn clone_request(&mut self, req: &Request<B>) -> Option<Request<B>> {
-        if self.attempts == 0 && !self.transparent_used {
+        // Not yet sent: no attempt made, none refused by the server or the circuit.
+        if self.attempts == 0 && !self.transparent_used && self.refusals == 0 {
             let now = tokio::time::Instant::now().into_std();
             if !self.shared.first_send(req, now) {
                 return None;

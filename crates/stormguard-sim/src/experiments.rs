@@ -343,7 +343,19 @@ pub fn candidates(attempts: u32) -> Result<Vec<(String, Strategy)>, String> {
         Some(budget(0, None)),
         Some(BreakerMode::Off),
     );
-    add("defaults: 2s/0.95/100 in a row/25ms", None, None);
+    add("defaults: 2s/0.95/50 in a row/25ms", None, None);
+    add(
+        "0.2.0's 2s/0.95/100 in a row/25ms",
+        None,
+        Some(BreakerMode::AllCalls(breaker(
+            2,
+            0.95,
+            Some(100),
+            25,
+            25,
+            1,
+        )?)),
+    );
     add(
         "2s/0.8/50 in a row/25ms",
         None,

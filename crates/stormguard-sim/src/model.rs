@@ -35,7 +35,7 @@ use std::time::{Duration, Instant, SystemTime};
 use http::{HeaderMap, StatusCode};
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
-use stormguard_core::breaker::{Outcome, Permit};
+use stormguard_core::breaker::{CircuitState, Outcome, Permit};
 use stormguard_core::classify::Rules;
 use stormguard_core::{Class, Schedule};
 
@@ -262,6 +262,8 @@ struct Request {
     seed: u64,
     /// What the last retry cost an AWS-style quota.
     spent: u32,
+    /// Refusals by an open circuit waited out (not attempts: nothing was sent).
+    refusals: u32,
     live: bool,
 }
 
@@ -450,6 +452,7 @@ impl Fleet {
             schedule: None,
             seed,
             spent: 0,
+            refusals: 0,
             live: true,
         };
         let id = match self.free_requests.pop() {
@@ -481,15 +484,29 @@ impl Fleet {
                 let retries_only = matches!(self.strategy.breaker, BreakerMode::RetriesOnly(_));
                 let state = self.state(client);
                 let now = state.instant(t);
-                if let Some(b) = &state.breaker {
-                    match b.try_acquire(now) {
+                let acquired = state.breaker.as_ref().map(|b| b.try_acquire(now));
+                if let Some(acquired) = acquired {
+                    match acquired {
                         Ok(p) => permit = Some(p),
-                        // CircuitOpen is DontRetry: the request fails without an attempt.
                         // On retries only, a first try goes out anyway, uncounted.
                         Err(_) if retries_only && first => {}
-                        Err(_) => {
+                        Err(rejected) => {
+                            // As the retry layer: a break that ends before the next
+                            // backoff is waited out, at most `attempts` times, and is
+                            // no attempt; a longer one (or an isolated circuit) fails
+                            // the request without one.
                             self.report.rejected += 1;
-                            self.finish(req, false);
+                            let waited = self.requests[req as usize].refusals;
+                            let delay = self.delay(req);
+                            if rejected.state != CircuitState::Isolated
+                                && rejected.remaining <= delay
+                                && waited < self.strategy.attempts
+                            {
+                                self.requests[req as usize].refusals += 1;
+                                self.push(t + delay.as_nanos() as u64, Kind::Retry(req));
+                            } else {
+                                self.finish(req, false);
+                            }
                             return;
                         }
                     }

@@ -18,7 +18,7 @@ const MAX_PROBES: u32 = u16::MAX as u32;
 ///     // Longer only for a client too quiet to finish `min_throughput` calls in 2 s.
 ///     .window(Duration::from_secs(2))
 ///     // `None` leaves the ratio alone to trip it; lower trips on partial outages.
-///     .consecutive_failures(100)
+///     .consecutive_failures(50)
 ///     // Longer only where a probe is expensive: the client is blind for the break.
 ///     .break_duration(Duration::from_millis(25))
 ///     .build()?;
@@ -47,7 +47,7 @@ impl Default for BreakerConfig {
             window: Duration::from_secs(2),
             min_throughput: 20,
             failure_ratio: 0.95,
-            consecutive_failures: Some(100),
+            consecutive_failures: Some(50),
             break_duration: Duration::from_millis(25),
             max_break_duration: Duration::from_millis(25),
             probes: 1,

@@ -71,7 +71,7 @@
 //! use std::time::{Duration, Instant};
 //! use stormguard_core::breaker::{Breaker, BreakerConfig, CircuitState, Outcome};
 //!
-//! // The defaults (95% of at least 20 calls over 2 s, or 100 in a row; 25 ms breaks),
+//! // The defaults (95% of at least 20 calls over 2 s, or 50 in a row; 25 ms breaks),
 //! // without the break's jitter so that the times below are exact.
 //! let config = BreakerConfig::builder().jitter(0.0).build()?;
 //! let breaker = Breaker::new(config);
@@ -311,7 +311,7 @@ mod tests {
         assert_eq!(c.window(), Duration::from_secs(2));
         assert_eq!(c.min_throughput(), 20);
         assert_eq!(c.failure_ratio(), 0.95);
-        assert_eq!(c.consecutive_failures(), Some(100));
+        assert_eq!(c.consecutive_failures(), Some(50));
         assert_eq!(c.break_duration(), Duration::from_millis(25));
         assert_eq!(c.max_break_duration(), Duration::from_millis(25));
         assert_eq!(c.probes(), 1);

@@ -35,7 +35,7 @@
 //!
 //! [dependencies.payments.breaker]        # on by default; enabled = false turns it off
 //! window = "2s"
-//! consecutive_failures = 100             # or false
+//! consecutive_failures = 50              # or false
 //! break_duration = "25ms"
 //!
 //! [dependencies.search.hedging]          # off unless the section is present
