@@ -11,9 +11,10 @@ use stormguard_core::breaker::CircuitState;
 /// without calling the inner service.
 ///
 /// Find it with `err.downcast_ref::<CircuitOpen>()`. The retry layer waits out a break
-/// that ends before the backoff's next wait, without counting the refused call as an
-/// attempt, up to as many refusals as the request has attempts; otherwise, and for an
-/// isolated circuit, it gives up (`GiveUp::CircuitOpen`).
+/// that ends before the backoff's next wait: a refused retry without counting it as an
+/// attempt, up to as many refusals as the request has retries, a refused first call as
+/// a retry the budget admits. Otherwise, and for an isolated circuit, it gives up
+/// (`GiveUp::CircuitOpen`); see the [`retry` module](crate::retry#an-open-circuit-below).
 ///
 /// ```
 /// use std::time::Duration;

@@ -23,8 +23,8 @@ pub enum GiveUp {
     /// the headers [`DontRetry`](GiveUp::DontRetry) names.
     Pushback,
     /// A circuit breaker is open, for longer than the next backoff would wait, or
-    /// isolated, or refused the request as many times as it has attempts (a shorter
-    /// break is waited out, and is not an attempt).
+    /// isolated, or refused the request's retries as many times as it has retries (a
+    /// shorter break is waited out; a refused retry is not an attempt).
     CircuitOpen,
     /// The wait would end after the request's [`Deadline`](stormguard_core::deadline::Deadline).
     Deadline,

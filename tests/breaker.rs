@@ -557,35 +557,34 @@ async fn a_blip_that_opens_the_circuit_costs_a_request_none_of_its_attempts() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_circuit_that_keeps_refusing_ends_the_request_after_as_many_refusals_as_attempts() {
+async fn a_circuit_that_keeps_refusing_ends_the_request_after_as_many_refusals_as_retries() {
     let breaker = blip_breaker();
-    // Other traffic opens the circuit, and its probe, sent once the break is over,
-    // hangs: the circuit stays half-open with its one probe slot taken.
-    let (mut other, mut other_handle) = service(&breaker);
-    for _ in 0..2 {
-        exchange(&mut other, &mut other_handle, 503).await;
-    }
-    advance(25 * MS).await;
-    let probe = other.ready().await.expect("ready").call(Request::new(()));
-    let (_, probe_answer) = next_request(&mut other_handle).await;
-    assert_eq!(breaker.state(), CircuitState::HalfOpen);
-
     let (client, mut handle, policy) = blip_client(&breaker);
     let started = Instant::now();
-    let error = client
-        .oneshot(Request::new(()))
-        .await
-        .expect_err("never let through");
-    // Refused at 0, 10, 30 and 70 ms: three refusals waited out (10 + 20 + 40 ms), the
-    // fourth given up on, and nothing sent.
+    let call = tokio::spawn(client.oneshot(Request::new(())));
+    // Two 503s (at 0 and 10 ms) open the circuit until 35 ms.
+    for _ in 0..2 {
+        let (_, send) = next_request(&mut handle).await;
+        send.send_response(response(503));
+    }
+    // Other traffic takes the probe slot at 40 ms, and its probe hangs.
+    tokio::time::sleep_until(started + 40 * MS).await;
+    let (mut other, mut other_handle) = service(&breaker);
+    let probe = other.ready().await.expect("ready").call(Request::new(()));
+    let (_, probe_answer) = next_request(&mut other_handle).await;
+    // The retry refused at 30 ms waits 40 ms, is refused again at 70 ms (the slot is
+    // taken), waits 80 ms, and at its third refusal (150 ms) the request has waited out
+    // as many as its two retries: it ends, with no call beyond its two at the server.
+    let error = call.await.expect("task").expect_err("never let through");
     assert!(error.is::<CircuitOpen>(), "{error}");
-    assert_eq!(Instant::now() - started, 70 * MS);
-    assert_eq!(breaker.stats().rejected, 4);
+    assert_eq!(Instant::now() - started, 150 * MS);
+    assert_eq!(breaker.stats().rejected, 3);
     assert!(
         !matches!(handle.poll_request(), Poll::Ready(Some(_))),
-        "a refused request reached the service"
+        "a refused call reached the service"
     );
-    assert_eq!(policy.stats().retries, 0);
+    // Its two retries: the second 503, and the call the circuit kept refusing.
+    assert_eq!(policy.stats().retries, 2);
 
     probe_answer.send_response(response(200));
     probe.await.expect("the probe's answer");

@@ -130,13 +130,22 @@
 //! # An open circuit below
 //!
 //! A call that a [`CircuitBreaker`](crate::CircuitBreaker) below refuses never left the
-//! client: it is not an attempt and asks the budget for nothing. When the break ends
-//! before the request's next backoff would, the call is sent again after that backoff
-//! (the circuit admits its probe meanwhile), keeping the request's attempts, so a blip
-//! that opens the circuit costs its requests a wait, not their retries. A request waits
-//! out at most as many refusals as it has attempts; a longer break, or an isolated
-//! circuit, ends it at once with [`CircuitOpen`](crate::CircuitOpen) (reason
-//! `circuit_open`). The request's deadline bounds every wait.
+//! client. When the break ends before the request's next backoff would, the call is
+//! sent again after that backoff (the circuit admits its probe meanwhile):
+//!
+//! - a **retry** refused is moved, not spent: it is sent again without counting as an
+//!   attempt or asking the budget again (its admission stands, charged as wasted if the
+//!   request ends unserved), up to as many refusals as the request has retries. So a
+//!   blip that opens the circuit while a request is retrying costs it a wait, not its
+//!   remaining attempts;
+//! - a **first call** refused is retried as any failure is: an attempt, admitted by the
+//!   budget. A circuit that stays open (an outage) then fails new requests fast once the
+//!   budget's room is spent, instead of deferring every one of them to the moment it
+//!   closes, where together they would be a surge the recovering dependency pays for.
+//!
+//! A longer break, or an isolated circuit, ends the request at once with
+//! [`CircuitOpen`](crate::CircuitOpen) (reason `circuit_open`). The request's deadline
+//! bounds every wait.
 //!
 //! # Deadlines
 //!

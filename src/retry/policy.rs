@@ -56,8 +56,9 @@ pub struct RetryPolicy {
     pub(super) attempts: u32,
     /// Whether this request has had its one transparent retry.
     pub(super) transparent_used: bool,
-    /// Refusals by an open circuit this request has waited out: a refused call never
-    /// left the client, so it is not an attempt; at most `max_attempts` are waited out.
+    /// Refusals of this request's retries by an open circuit waited out: a refused
+    /// call never left the client, so it is not an attempt; at most `max_attempts - 1`
+    /// (as many as its retries) are waited out.
     pub(super) refusals: u8,
     /// Retries this request was admitted to make and not yet settled with the budget
     /// (attempts are capped at 100, so they fit): charged as wasted if it ends
@@ -268,10 +269,11 @@ impl RetryPolicy {
         }
     }
 
-    /// Sends the call an open circuit refused again after `delay`, a backoff that
+    /// Sends the retry an open circuit refused again after `delay`, a backoff that
     /// outlasts the break. The call never left the client: it is not an attempt, asks
-    /// the budget for nothing and keeps whatever the budget admitted it on (a retry
-    /// refused stays the same retry); only the deadline and the body can stop it.
+    /// the budget for nothing and keeps the admission of the retry it moves (charged
+    /// as wasted if the request ends unserved); only the deadline and the body can
+    /// stop it.
     fn wait_out_break<B, Res, E>(
         &mut self,
         req: &mut Request<B>,
@@ -534,6 +536,8 @@ where
         // Whether repeating the request is safe whatever its method: the failure proves
         // the application never saw it, or gRPC declared its code retryable (gRFC A6
         // leaves that judgement to the configured codes).
+        // The wait decided by an open circuit's break, if the failure was one.
+        let mut after_break = None;
         let (class, safe_for_any_method, expensive) = match result {
             Ok(res) if grpc => {
                 let rules = Rules {
@@ -564,17 +568,37 @@ where
                 ErrorClass::CircuitOpen => {
                     // A break that ends before the backoff would anyway is waited out:
                     // the circuit admits its probe meanwhile, so the call adds no load,
-                    // and a blip's requests are not lost to it. A longer break, or more
-                    // refusals than the request has attempts, fails fast.
+                    // and a blip's requests are not lost to it. A longer break fails
+                    // fast. A request already sent (its retry refused) waits out up to
+                    // as many refusals as it has retries, then gives up, without
+                    // spending an attempt or asking the budget again: its retry was
+                    // admitted, and the refusal only moved it. A request refused at its
+                    // first call waits as a
+                    // retry, admitted by the budget and spending an attempt: so a
+                    // circuit that stays open fails new requests fast once the budget
+                    // is spent, instead of piling them up for the moment it closes.
                     let remaining = crate::error_class::circuit_open_remaining(err);
                     let delay = self.next_backoff(limits.backoff);
-                    let waited = u32::from(self.refusals);
-                    return match remaining {
-                        Some(remaining) if remaining <= delay && waited < limits.max_attempts => {
-                            self.wait_out_break(req, result, delay)
+                    let retries = limits.max_attempts.saturating_sub(1);
+                    let sent = self.attempts > 0;
+                    match remaining {
+                        Some(remaining)
+                            if remaining <= delay && sent && u32::from(self.refusals) < retries =>
+                        {
+                            return self.wait_out_break(req, result, delay)
                         }
-                        _ => self.finish(result, self.attempts + 1, Some(GiveUp::CircuitOpen)),
-                    };
+                        Some(remaining) if remaining <= delay && !sent => {
+                            after_break = Some(delay);
+                            (Class::Retryable { after: None }, true, false)
+                        }
+                        _ => {
+                            return self.finish(
+                                result,
+                                self.attempts + 1,
+                                Some(GiveUp::CircuitOpen),
+                            )
+                        }
+                    }
                 }
                 ErrorClass::Local | ErrorClass::Unknown => (Class::Permanent, false, false),
             },
@@ -598,17 +622,18 @@ where
         // Read once a retry is in view, before any header of the request is rewritten.
         self.read_deadline(req);
         let backoff = limits.backoff;
-        let delay = match after {
-            Some(exact) if grpc => {
+        let delay = match (after_break, after) {
+            (Some(wait), _) => wait,
+            (None, Some(exact)) if grpc => {
                 // gRFC A6: after the server's own wait, the backoff starts over.
                 self.streams(backoff).schedule.restart();
                 exact
             }
-            Some(hint) => {
+            (None, Some(hint)) => {
                 let delay = self.next_backoff(backoff);
                 delay.max(self.stretch(backoff, hint))
             }
-            None => self.next_backoff(backoff),
+            (None, None) => self.next_backoff(backoff),
         };
         let now = tokio::time::Instant::now().into_std();
         if let Err(why) = self.may_wait(now, delay) {

@@ -491,16 +491,19 @@ impl Fleet {
                         // On retries only, a first try goes out anyway, uncounted.
                         Err(_) if retries_only && first => {}
                         Err(rejected) => {
-                            // As the retry layer: a break that ends before the next
-                            // backoff is waited out, at most `attempts` times, and is
-                            // no attempt; a longer one (or an isolated circuit) fails
-                            // the request without one.
+                            // As the retry layer: a refused retry whose break ends
+                            // before the next backoff is waited out, at most
+                            // `attempts - 1` times, and is no attempt. Otherwise (a
+                            // first call refused, which the retry layer retries on the
+                            // budget as an attempt, a longer break, an isolated
+                            // circuit) the request fails without an attempt.
                             self.report.rejected += 1;
                             let waited = self.requests[req as usize].refusals;
                             let delay = self.delay(req);
-                            if rejected.state != CircuitState::Isolated
+                            if !first
+                                && rejected.state != CircuitState::Isolated
                                 && rejected.remaining <= delay
-                                && waited < self.strategy.attempts
+                                && waited + 1 < self.strategy.attempts
                             {
                                 self.requests[req as usize].refusals += 1;
                                 self.push(t + delay.as_nanos() as u64, Kind::Retry(req));
