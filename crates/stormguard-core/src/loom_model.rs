@@ -1,5 +1,5 @@
-//! A loom model of the two lock-free parts: the budget's roll-over and the breaker's
-//! half-open probe admission. Built only with `--cfg loom`, which swaps their atomics and
+//! A loom model of the lock-free parts: the budget's roll-over, its pace's token bucket
+//! and the breaker's half-open probe admission. Built only with `--cfg loom`, which swaps their atomics and
 //! locks for loom's (see `sync`); run it with
 //!
 //! ```text
@@ -11,8 +11,8 @@
 //! Loom runs every test closure under every interleaving of the threads' atomic
 //! operations (up to the preemption bound), checking the invariants the docs promise:
 //! retries granted <= ratio x deposits + floor, with no per-thread slack; a charge is
-//! never lost to the roll-over that carries its bucket out of the window; and never more
-//! probes in flight than `probes`.
+//! never lost to the roll-over that carries its bucket out of the window; the pace
+//! grants exactly the tokens it holds; and never more probes in flight than `probes`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -253,5 +253,50 @@ fn breaker_released_probe_frees_exactly_one_slot() {
             .map(|h| h.join().expect("no panic"))
             .sum();
         assert!(held <= 1, "{held} probes held at once for 1 slot");
+    });
+}
+
+/// The budget's pace: three retries racing for a bucket of two (a fresh pace holds its
+/// least burst, two retries, and refills nothing at a rate of 0) get exactly two; a
+/// compare-and-swap lost to another take is tried again, never granted twice.
+#[test]
+fn pace_grants_exactly_its_tokens_to_racing_retries() {
+    use crate::pace::Pace;
+    model("pace_grants_exactly_its_tokens_to_racing_retries", || {
+        let pace = Arc::new(Pace::new());
+        let handles: Vec<_> = (0..3)
+            .map(|_| {
+                let pace = pace.clone();
+                thread::spawn(move || usize::from(pace.try_take(1_000, 0.0)))
+            })
+            .collect();
+        let granted: usize = handles
+            .into_iter()
+            .map(|h| h.join().expect("no panic"))
+            .sum();
+        assert_eq!(granted, 2);
+        assert!(!pace.try_take(1_000, 0.0), "the bucket is empty");
+    });
+}
+
+/// A refill racing a take: at 10 retries a second, 100 ms refills one retry into an
+/// emptied bucket, which one of two racing takes gets, whichever thread stamps it.
+#[test]
+fn pace_refill_is_granted_once_to_racing_retries() {
+    use crate::pace::Pace;
+    model("pace_refill_is_granted_once_to_racing_retries", || {
+        let pace = Arc::new(Pace::new());
+        assert!(pace.try_take(0, 10.0) && pace.try_take(0, 10.0));
+        let handles: Vec<_> = (0..2)
+            .map(|_| {
+                let pace = pace.clone();
+                thread::spawn(move || usize::from(pace.try_take(100, 10.0)))
+            })
+            .collect();
+        let granted: usize = handles
+            .into_iter()
+            .map(|h| h.join().expect("no panic"))
+            .sum();
+        assert_eq!(granted, 1);
     });
 }
