@@ -445,56 +445,24 @@ async fn with_retry_outside_an_open_circuit_comes_back_at_once_not_retried() {
         .layer(RetryLayer::new(policy.clone()))
         .layer(CircuitBreakerLayer::new(breaker.clone()))
         .service(mock);
+    fails_at_once(again).await;
+    assert_eq!(policy.stats().retries, 2);
+}
+
+/// A call through `client` (a retry layer over an open circuit) fails with
+/// `CircuitOpen` without waiting at all.
+async fn fails_at_once<S>(client: S)
+where
+    S: Service<Req, Error = BoxError>,
+    S::Response: std::fmt::Debug,
+{
     let started = Instant::now();
-    let error = again
+    let error = client
         .oneshot(Request::new(()))
         .await
         .expect_err("fails fast");
     assert!(error.is::<CircuitOpen>(), "{error}");
     assert_eq!(Instant::now(), started);
-    assert_eq!(policy.stats().retries, 2);
-}
-
-#[tokio::test(start_paused = true)]
-async fn with_retry_outside_a_short_break_is_waited_out() {
-    use stormguard::{Attempts, Backoff, Jitter, RetryLayer, RetryPolicy};
-
-    // Two failures in a row open the circuit for 25 ms; the retry waits 10, 20, 40 ms.
-    let breaker = CircuitBreaker::builder()
-        .consecutive_failures(2)
-        .break_duration(25 * MS)
-        .max_break_duration(25 * MS)
-        .jitter(0.0)
-        .seed(1)
-        .build()
-        .expect("breaker");
-    let policy = RetryPolicy::builder()
-        .max_attempts(5)
-        .backoff(Backoff::new(10 * MS, BREAK, Jitter::None).expect("backoff"))
-        .build()
-        .expect("policy");
-    let (mock, mut handle) = mock::pair::<Req, Res>();
-    let client = tower::ServiceBuilder::new()
-        .layer(RetryLayer::new(policy.clone()))
-        .layer(CircuitBreakerLayer::new(breaker.clone()))
-        .service(mock);
-    let started = Instant::now();
-    let call = tokio::spawn(client.oneshot(Request::new(())));
-    for _ in 0..2 {
-        let (_, send) = next_request(&mut handle).await;
-        send.send_response(response(503));
-    }
-    // The third attempt (at 30 ms) meets the open circuit, 5 ms before its break ends,
-    // and waits out the next backoff (40 ms): the call it sends then is the probe, and
-    // succeeds. The refused call never left the client, so it was not an attempt.
-    let (_, send) = next_request(&mut handle).await;
-    assert_eq!(Instant::now() - started, 70 * MS);
-    send.send_response(response(200));
-    let res = call.await.expect("task").expect("served");
-    assert_eq!(res.status(), StatusCode::OK);
-    assert_eq!(Attempts::of(&res), 3);
-    assert_eq!(breaker.stats().rejected, 1);
-    assert_eq!(breaker.state(), CircuitState::Closed);
 }
 
 /// A circuit that opens for 25 ms after two failures in a row, and a retry layer of the
@@ -537,20 +505,24 @@ fn blip_breaker() -> CircuitBreaker {
 async fn a_blip_that_opens_the_circuit_costs_a_request_none_of_its_attempts() {
     let breaker = blip_breaker();
     let (client, mut handle, policy) = blip_client(&breaker);
+    let started = Instant::now();
     let call = tokio::spawn(client.oneshot(Request::new(())));
-    // Two 503s (at 0 and 10 ms) open the circuit until 35 ms; the call at 30 ms is
-    // refused and waits 40 ms more. With refusals counted as attempts, the request
-    // would end there, its three attempts spent, in a blip already over.
+    // Two 503s (at 0 and 10 ms) open the circuit until 35 ms; the retry at 30 ms meets
+    // it 5 ms before its break ends and waits out the next backoff (40 ms): the call it
+    // sends then is the probe, and succeeds. With refusals counted as attempts, the
+    // request would have ended at 30 ms, its three attempts spent, in a blip already over.
     for _ in 0..2 {
         let (_, send) = next_request(&mut handle).await;
         send.send_response(response(503));
     }
     let (_, send) = next_request(&mut handle).await;
+    assert_eq!(Instant::now() - started, 70 * MS);
     send.send_response(response(200));
     let res = call.await.expect("task").expect("served");
     assert_eq!(res.status(), StatusCode::OK);
     assert_eq!(stormguard::Attempts::of(&res), 3);
     assert_eq!(breaker.stats().rejected, 1);
+    assert_eq!(breaker.state(), CircuitState::Closed);
     // Its third attempt was a retry like the second; the refusal asked the budget for
     // nothing.
     assert_eq!(policy.stats().retries, 2);
@@ -596,13 +568,7 @@ async fn an_isolated_circuit_fails_fast_under_a_retry_layer() {
     let breaker = blip_breaker();
     let (client, _handle, _policy) = blip_client(&breaker);
     breaker.isolate();
-    let started = Instant::now();
-    let error = client
-        .oneshot(Request::new(()))
-        .await
-        .expect_err("isolated");
-    assert!(error.is::<CircuitOpen>(), "{error}");
-    assert_eq!(Instant::now(), started);
+    fails_at_once(client).await;
     assert_eq!(breaker.stats().rejected, 1);
 }
 

@@ -226,7 +226,7 @@ impl RetryPolicy {
     /// retry that could never finish asks for nothing), which admits the retry on the
     /// waste so far.
     fn may_wait(&mut self, now: Instant, delay: Duration) -> Result<(), GiveUp> {
-        if self.deadline().is_some_and(|d| !d.allows(now, delay)) {
+        if self.outlasts_deadline(now, delay) {
             return Err(GiveUp::Deadline);
         }
         if let Some(throttle) = &self.shared.throttle {
@@ -286,14 +286,12 @@ impl RetryPolicy {
         }
         self.read_deadline(req);
         let now = tokio::time::Instant::now().into_std();
-        if self.deadline().is_some_and(|d| !d.allows(now, delay)) {
+        if self.outlasts_deadline(now, delay) {
             return self.finish(result, attempts, Some(GiveUp::Deadline));
         }
         self.refusals = self.refusals.saturating_add(1);
-        if let Some(deadline) = self.deadline().filter(|_| is_grpc(req)) {
-            let left = deadline.remaining(now + delay);
-            req.headers_mut()
-                .insert(GRPC_TIMEOUT, grpc_timeout_value(left));
+        if is_grpc(req) {
+            self.set_grpc_timeout(req.headers_mut(), now + delay);
         }
         tracing::debug!(
             target: "stormguard::retry",
@@ -313,10 +311,7 @@ impl RetryPolicy {
             return None;
         }
         let now = tokio::time::Instant::now().into_std();
-        if self
-            .deadline()
-            .is_some_and(|d| !d.allows(now, Duration::ZERO))
-        {
+        if self.outlasts_deadline(now, Duration::ZERO) {
             self.give_up(GiveUp::Deadline, self.attempts + 1);
             return None;
         }
@@ -324,9 +319,7 @@ impl RetryPolicy {
         if grpc {
             let headers = req.headers_mut();
             headers.insert(GRPC_TRANSPARENT_RETRY_ATTEMPTS, HeaderValue::from(1u32));
-            if let Some(deadline) = self.deadline() {
-                headers.insert(GRPC_TIMEOUT, grpc_timeout_value(deadline.remaining(now)));
-            }
+            self.set_grpc_timeout(headers, now);
         }
         bump(&self.shared.counters.transparent_retries);
         #[cfg(feature = "metrics")]
@@ -494,6 +487,18 @@ impl RetryPolicy {
         timeouts.lookup(req.uri().path()).copied().flatten()
     }
 
+    /// Whether a call sent `delay` after `now` would start past the request's deadline.
+    fn outlasts_deadline(&self, now: Instant, delay: Duration) -> bool {
+        self.deadline().is_some_and(|d| !d.allows(now, delay))
+    }
+
+    /// Tells the server of a gRPC call sent at `sent` how long its caller still waits.
+    fn set_grpc_timeout(&self, headers: &mut http::HeaderMap, sent: Instant) {
+        if let Some(deadline) = self.deadline() {
+            headers.insert(GRPC_TIMEOUT, grpc_timeout_value(deadline.remaining(sent)));
+        }
+    }
+
     /// The request's deadline, once [`read_deadline`](Self::read_deadline) has run.
     fn deadline(&self) -> Option<Deadline> {
         match self.deadline {
@@ -573,10 +578,10 @@ where
                     // as many refusals as it has retries, then gives up, without
                     // spending an attempt or asking the budget again: its retry was
                     // admitted, and the refusal only moved it. A request refused at its
-                    // first call waits as a
-                    // retry, admitted by the budget and spending an attempt: so a
-                    // circuit that stays open fails new requests fast once the budget
-                    // is spent, instead of piling them up for the moment it closes.
+                    // first call waits as a retry, admitted by the budget and spending
+                    // an attempt: so a circuit that stays open fails new requests fast
+                    // once the budget is spent, instead of piling them up for the
+                    // moment it closes.
                     let remaining = crate::error_class::circuit_open_remaining(err);
                     let delay = self.next_backoff(limits.backoff);
                     let retries = limits.max_attempts.saturating_sub(1);
@@ -642,10 +647,7 @@ where
         let headers = req.headers_mut();
         if grpc {
             headers.insert(GRPC_PREVIOUS_RPC_ATTEMPTS, HeaderValue::from(attempts));
-            if let Some(deadline) = self.deadline() {
-                let left = deadline.remaining(now + delay);
-                headers.insert(GRPC_TIMEOUT, grpc_timeout_value(left));
-            }
+            self.set_grpc_timeout(headers, now + delay);
         } else {
             headers.insert(X_ATTEMPT_COUNT, HeaderValue::from(attempts + 1));
         }

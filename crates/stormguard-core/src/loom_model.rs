@@ -69,6 +69,22 @@ fn race(budget: &RetryBudget, t0: Instant, offsets: &[u64]) -> usize {
         .count()
 }
 
+/// Runs `take` on `threads` threads at once, each with its own clone of `shared`;
+/// returns how many took.
+fn racing<T: Clone + Send + 'static>(shared: &T, threads: usize, take: fn(&T) -> bool) -> usize {
+    let handles: Vec<_> = (0..threads)
+        .map(|_| {
+            let shared = shared.clone();
+            thread::spawn(move || take(&shared))
+        })
+        .collect();
+    handles
+        .into_iter()
+        .map(|h| h.join().expect("no panic"))
+        .filter(|took| *took)
+        .count()
+}
+
 /// The interleaving loom found in the old roll-over: one deposit, and withdrawals racing
 /// across two bucket boundaries. One deposit at ratio 1 pays for one retry, whoever
 /// moves the clock and in whichever order.
@@ -180,18 +196,9 @@ fn tripped(probes: u32) -> (Arc<Breaker>, Instant) {
 #[test]
 fn breaker_admits_one_probe_among_racing_callers() {
     model("breaker_admits_one_probe_among_racing_callers", || {
-        let (breaker, later) = tripped(1);
-        let handles: Vec<_> = (0..3)
-            .map(|_| {
-                let breaker = breaker.clone();
-                thread::spawn(move || breaker.try_acquire(later).is_ok())
-            })
-            .collect();
-        let admitted = handles
-            .into_iter()
-            .map(|h| h.join().expect("no panic"))
-            .filter(|ok| *ok)
-            .count();
+        let admitted = racing(&tripped(1), 3, |(breaker, later)| {
+            breaker.try_acquire(*later).is_ok()
+        });
         assert_eq!(admitted, 1);
     });
 }
@@ -264,16 +271,7 @@ fn pace_grants_exactly_its_tokens_to_racing_retries() {
     use crate::pace::Pace;
     model("pace_grants_exactly_its_tokens_to_racing_retries", || {
         let pace = Arc::new(Pace::new());
-        let handles: Vec<_> = (0..3)
-            .map(|_| {
-                let pace = pace.clone();
-                thread::spawn(move || usize::from(pace.try_take(1_000, 0.0)))
-            })
-            .collect();
-        let granted: usize = handles
-            .into_iter()
-            .map(|h| h.join().expect("no panic"))
-            .sum();
+        let granted = racing(&pace, 3, |pace| pace.try_take(1_000, 0.0));
         assert_eq!(granted, 2);
         assert!(!pace.try_take(1_000, 0.0), "the bucket is empty");
     });
@@ -287,16 +285,7 @@ fn pace_refill_is_granted_once_to_racing_retries() {
     model("pace_refill_is_granted_once_to_racing_retries", || {
         let pace = Arc::new(Pace::new());
         assert!(pace.try_take(0, 10.0) && pace.try_take(0, 10.0));
-        let handles: Vec<_> = (0..2)
-            .map(|_| {
-                let pace = pace.clone();
-                thread::spawn(move || usize::from(pace.try_take(100, 10.0)))
-            })
-            .collect();
-        let granted: usize = handles
-            .into_iter()
-            .map(|h| h.join().expect("no panic"))
-            .sum();
+        let granted = racing(&pace, 2, |pace| pace.try_take(100, 10.0));
         assert_eq!(granted, 1);
     });
 }

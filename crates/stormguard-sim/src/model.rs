@@ -499,16 +499,16 @@ impl Fleet {
                             // circuit) the request fails without an attempt.
                             self.report.rejected += 1;
                             let waited = self.requests[req as usize].refusals;
-                            let delay = self.delay(req);
-                            if !first
+                            let may_wait = !first
                                 && rejected.state != CircuitState::Isolated
-                                && rejected.remaining <= delay
-                                && waited + 1 < self.strategy.attempts
-                            {
-                                self.requests[req as usize].refusals += 1;
-                                self.push(t + delay.as_nanos() as u64, Kind::Retry(req));
-                            } else {
-                                self.finish(req, false);
+                                && waited + 1 < self.strategy.attempts;
+                            let delay = may_wait.then(|| self.delay(req));
+                            match delay {
+                                Some(delay) if rejected.remaining <= delay => {
+                                    self.requests[req as usize].refusals += 1;
+                                    self.push(t + delay.as_nanos() as u64, Kind::Retry(req));
+                                }
+                                _ => self.finish(req, false),
                             }
                             return;
                         }
