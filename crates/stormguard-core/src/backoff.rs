@@ -310,6 +310,63 @@ mod tests {
     }
 
     #[test]
+    fn a_multiplier_grows_or_shrinks_the_ceilings_and_is_read_back_exactly() {
+        let b = Backoff::new(100 * MS, 1_000 * MS, Jitter::None).expect("valid backoff");
+        let grown = b.clone().with_multiplier(1.5).expect("in range");
+        assert_eq!(grown.multiplier(), 1.5);
+        assert_eq!(
+            [0, 1, 2, 100].map(|r| grown.ceiling(r)),
+            [100 * MS, 150 * MS, 225 * MS, 1_000 * MS]
+        );
+        let shrunk = b.clone().with_multiplier(0.5).expect("in range");
+        assert_eq!(
+            [0, 1, 2].map(|r| shrunk.ceiling(r)),
+            [100 * MS, 50 * MS, 25 * MS]
+        );
+        // A shrinking ceiling stops at 1 ns, so that a delay can still be drawn.
+        assert_eq!(shrunk.ceiling(1_000), Duration::from_nanos(1));
+        // Both ends of the range, and decimals that binary floats hold just below.
+        for m in [0.001, 1.1, 0.29, 1000.0] {
+            assert_eq!(
+                b.clone().with_multiplier(m).expect("in range").multiplier(),
+                m
+            );
+        }
+        for m in [0.0, 0.000_9, 1000.5, -2.0, f64::NAN, f64::INFINITY] {
+            assert!(b.clone().with_multiplier(m).is_err(), "{m} accepted");
+        }
+        assert_eq!(b.multiplier(), 2.0, "doubling by default");
+    }
+
+    #[test]
+    fn equal_jitter_draws_from_half_the_ceiling_to_the_ceiling() {
+        let b = Backoff::new(1_000 * MS, 1_000 * MS, Jitter::Equal).expect("valid backoff");
+        let delays: Vec<Duration> = b.schedule_seeded(7).take(1_000).collect();
+        let (low, high) = (delays.iter().min(), delays.iter().max());
+        assert!(
+            low.is_some_and(|d| *d >= 500 * MS && *d < 550 * MS),
+            "{low:?}"
+        );
+        assert!(
+            high.is_some_and(|d| *d < 1_000 * MS && *d > 950 * MS),
+            "{high:?}"
+        );
+    }
+
+    #[test]
+    fn a_schedule_counts_its_delays_and_restarts_from_the_first_ceiling() {
+        let b = Backoff::new(100 * MS, 10_000 * MS, Jitter::None).expect("valid backoff");
+        let mut schedule = b.schedule_seeded(1);
+        assert_eq!(schedule.retries(), 0);
+        let drawn: Vec<Duration> = schedule.by_ref().take(3).collect();
+        assert_eq!(drawn, [100 * MS, 200 * MS, 400 * MS]);
+        assert_eq!(schedule.retries(), 3);
+        schedule.restart();
+        assert_eq!(schedule.retries(), 0);
+        assert_eq!(schedule.next(), Some(100 * MS));
+    }
+
+    #[test]
     fn defaults() {
         let b = Backoff::default();
         assert_eq!(

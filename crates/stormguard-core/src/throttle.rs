@@ -210,6 +210,14 @@ mod tests {
     }
 
     #[test]
+    fn debug_shows_the_count_and_the_settings() {
+        assert_eq!(
+            format!("{:?}", throttle(10.0, 0.1)),
+            "RetryThrottle { tokens: 10.0, max_tokens: 10.0, token_ratio: 0.1 }"
+        );
+    }
+
+    #[test]
     fn starts_full_and_stops_at_half() {
         let t = throttle(10.0, 0.1);
         assert_eq!(t.tokens(), 10.0);
