@@ -381,7 +381,6 @@ struct Nginx {
 
 const NGINX_KEEPALIVE_REQUESTS: usize = 50;
 
-
 impl Nginx {
     /// Starts nginx on a free port of 127.0.0.1, proxying to `backend` (HTTP/1.1 with
     /// upstream keep-alive), and waits (at most 10 s) until it accepts connections.
