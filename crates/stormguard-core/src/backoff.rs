@@ -312,13 +312,13 @@ mod tests {
     #[test]
     fn a_multiplier_grows_or_shrinks_the_ceilings_and_is_read_back_exactly() {
         let b = Backoff::new(100 * MS, 1_000 * MS, Jitter::None).expect("valid backoff");
-        let grown = b.clone().with_multiplier(1.5).expect("in range");
+        let grown = b.with_multiplier(1.5).expect("in range");
         assert_eq!(grown.multiplier(), 1.5);
         assert_eq!(
             [0, 1, 2, 100].map(|r| grown.ceiling(r)),
             [100 * MS, 150 * MS, 225 * MS, 1_000 * MS]
         );
-        let shrunk = b.clone().with_multiplier(0.5).expect("in range");
+        let shrunk = b.with_multiplier(0.5).expect("in range");
         assert_eq!(
             [0, 1, 2].map(|r| shrunk.ceiling(r)),
             [100 * MS, 50 * MS, 25 * MS]
@@ -327,13 +327,10 @@ mod tests {
         assert_eq!(shrunk.ceiling(1_000), Duration::from_nanos(1));
         // Both ends of the range, and decimals that binary floats hold just below.
         for m in [0.001, 1.1, 0.29, 1000.0] {
-            assert_eq!(
-                b.clone().with_multiplier(m).expect("in range").multiplier(),
-                m
-            );
+            assert_eq!(b.with_multiplier(m).expect("in range").multiplier(), m);
         }
         for m in [0.0, 0.000_9, 1000.5, -2.0, f64::NAN, f64::INFINITY] {
-            assert!(b.clone().with_multiplier(m).is_err(), "{m} accepted");
+            assert!(b.with_multiplier(m).is_err(), "{m} accepted");
         }
         assert_eq!(b.multiplier(), 2.0, "doubling by default");
     }
