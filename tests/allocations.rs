@@ -140,16 +140,22 @@ fn a_grpc_success_read_to_its_trailers_allocates_nothing_in_the_breaker() {
         .build()
         .expect("runtime");
     let grpc = stacks::grpc_request;
-    let bare = allocations_per_call(&rt, grpc, stacks::grpc_upstream(), true);
+    // Another thread of the test process (libtest reporting a test) can allocate while a
+    // run counts, which only ever adds: the fewest of three runs is the stack's own.
+    let fewest = |runs: [f64; 3]| runs.into_iter().fold(f64::INFINITY, f64::min);
+    let bare =
+        fewest([(); 3].map(|()| allocations_per_call(&rt, grpc, stacks::grpc_upstream(), true)));
     let breaker = CircuitBreaker::builder().build().expect("breaker");
-    let watched = allocations_per_call(
-        &rt,
-        grpc,
-        ServiceBuilder::new()
-            .layer(CircuitBreakerLayer::new(breaker.clone()))
-            .service(stacks::grpc_upstream()),
-        true,
-    );
+    let watched = fewest([(); 3].map(|()| {
+        allocations_per_call(
+            &rt,
+            grpc,
+            ServiceBuilder::new()
+                .layer(CircuitBreakerLayer::new(breaker.clone()))
+                .service(stacks::grpc_upstream()),
+            true,
+        )
+    }));
     println!(
         "gRPC call read to its trailers, allocations per call: bare {bare}, breaker {watched}"
     );
@@ -160,5 +166,5 @@ fn a_grpc_success_read_to_its_trailers_allocates_nothing_in_the_breaker() {
     assert_eq!(watched, bare);
     // And the breaker saw every call end well.
     let stats = breaker.stats();
-    assert_eq!((stats.calls, stats.failures), (1100, 0), "{stats:?}");
+    assert_eq!((stats.calls, stats.failures), (3 * 1100, 0), "{stats:?}");
 }
