@@ -82,7 +82,6 @@ use tower::util::BoxCloneService;
 use crate::fleet::run_strategy;
 use crate::report::{draw_svg, print_table, to_json};
 use crate::scenario::{Fault, Options};
-use crate::strategy::Kind;
 
 /// Requests the clients send: a GET with no body.
 type Req = Request<Empty<Bytes>>;
@@ -122,6 +121,8 @@ usage: cargo run --release --example storm -- [OPTIONS]
   --clients N        clients, each with a fixed request rate (65/s; 2.6/s in fleet)
                      [8; fleet 200; 1..=1000]
   --outage-secs S    length of the bad window in seconds [5, 0.8 with --quick; 0.1..=30]
+  --strategy LIST    the rows to run, comma-separated: none, naive, unlimited, tower,
+                     stormguard [all of them]
   --seed N           seed for the retry jitter and the partial outage's failures [1]
   --svg PATH         where to write the outage chart [target/storm.svg]
   --series           also print each row's attempts and successes per 100 ms (stderr)
@@ -166,7 +167,7 @@ async fn run(options: &Options) -> Result<(), BoxError> {
             println!("{}\n", scenario.describe());
         }
         let mut reports = Vec::new();
-        for kind in Kind::ALL {
+        for &kind in &options.kinds {
             eprintln!("running {} / {} ...", scenario.name, kind.name());
             let report = run_strategy(kind, &scenario).await?;
             if options.series {

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::strategy::Kind;
 use crate::{BLIPS, BLIP_EVERY, BLIP_LENGTH, BROWNOUT_SLOWDOWN, PARTIAL_LONG_SECS};
 
 /// Which scenarios `--scenario` asked for.
@@ -30,6 +31,8 @@ pub(crate) struct Options {
     pub(crate) seed: u64,
     pub(crate) svg: PathBuf,
     pub(crate) series: bool,
+    /// The rows to run (`--strategy`), in the order of [`Kind::ALL`].
+    pub(crate) kinds: Vec<Kind>,
 }
 
 impl Options {
@@ -46,6 +49,7 @@ impl Options {
             seed: 1,
             svg: PathBuf::from("target/storm.svg"),
             series: false,
+            kinds: Kind::ALL.to_vec(),
         };
         let mut args = args;
         while let Some(flag) = args.next() {
@@ -86,6 +90,7 @@ impl Options {
                         0.1..=30.0,
                     )?);
                 }
+                "--strategy" => options.kinds = parse_kinds(&value("--strategy")?)?,
                 "--seed" => options.seed = parse_in("--seed", &value("--seed")?, 0..=u64::MAX)?,
                 "--svg" => options.svg = PathBuf::from(value("--svg")?),
                 "-h" | "--help" => return Ok(None),
@@ -331,4 +336,25 @@ impl Phases {
                 || (at - self.window_start).as_nanos() % BLIP_EVERY.as_nanos()
                     < BLIP_LENGTH.as_nanos())
     }
+}
+
+/// Parses `--strategy`'s comma-separated row names into the rows to run, in the order of
+/// [`Kind::ALL`] (so that tables read alike whatever order they were named in).
+fn parse_kinds(list: &str) -> Result<Vec<Kind>, String> {
+    let mut named = Vec::new();
+    for name in list.split(',').map(str::trim) {
+        let kind = Kind::ALL
+            .into_iter()
+            .find(|kind| kind.name() == name)
+            .ok_or_else(|| {
+                format!(
+                    "--strategy: `{name}` is not one of none, naive, unlimited, tower, stormguard"
+                )
+            })?;
+        named.push(kind);
+    }
+    Ok(Kind::ALL
+        .into_iter()
+        .filter(|kind| named.contains(kind))
+        .collect())
 }
