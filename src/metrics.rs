@@ -13,7 +13,7 @@
 //! | `retry_transparent_total` | counter | `service` | transparent retries (refused streams, drained connections) |
 //! | `retry_budget_remaining` | gauge | `service` | whole retries of room in the budget (a request's first retry needs more than one, a later one any), as of the last failure (labelled with the budget's own name, `RetryBudget::builder().name("payments")`, if it has one, else the policy's) |
 //! | `retry_budget_allowance` | gauge | `service` | whole retries of the allowance left (savings carried over; 0 while an overdraft is repaid), as of the last failure (labelled as above) |
-//! | `retry_ratio` | gauge | `service` | wasted retries (of requests that ended unserved, and timeouts) per original request over the budget's window, what the budget bounds, as of the last failure (labelled as above) |
+//! | `retry_ratio` | gauge | `service` | wasted retries (retries that failed, and timeouts) per original request over the budget's window, what the budget bounds, as of the last failure (labelled as above) |
 //! | `retry_delay_seconds` | histogram | `service` | the wait before each retry |
 //! | `retry_retries_per_call` | histogram | `service` | retries each call took (gRFC A45's per-call view) |
 //! | `hedge_sent_total` | counter | `service` | hedges sent (the hedge policy's name, `HedgePolicy::builder().name(..)`, or the retry policy's it shares a budget with) |

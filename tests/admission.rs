@@ -114,6 +114,40 @@ async fn a_quiet_client_whose_retries_fail_wastes_the_allowance_and_ten_percent(
     );
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_retry_that_fails_is_wasted_even_when_the_next_one_serves() {
+    // Two requests a second; every request's first two attempts fail and its third
+    // succeeds, so each request served wasted its first retry: those count against the
+    // bound as much as the retries of a request that ends unserved.
+    let policy = defaults(4);
+    let (mut served, mut retries, mut failed_retries) = (0u64, 0u64, 0u64);
+    for _ in 0..100 {
+        let calls = Arc::new(AtomicU32::new(0));
+        let (code, attempts) = call_with(&policy, &calls, |n| if n < 2 { 503 } else { 200 }).await;
+        let made = u64::from(calls.load(Ordering::SeqCst)) - 1;
+        retries += made;
+        // A served request's last retry succeeded; every other retry failed.
+        if code == StatusCode::OK {
+            served += 1;
+            failed_retries += made.saturating_sub(1);
+            assert_eq!(attempts, 3);
+        } else {
+            failed_retries += made;
+        }
+        tokio::time::sleep(500 * MS).await;
+    }
+    let stats = policy.stats();
+    assert_eq!((stats.requests, stats.retries), (100, retries));
+    let bound = u64::from(stormguard_core::budget::DEFAULT_ALLOWANCE) + stats.requests / 10;
+    // The failed retries stay at the allowance and 10% (give or take one request's
+    // overdraft), and the room they leave still serves requests.
+    assert!(
+        failed_retries <= bound + 1,
+        "{failed_retries} failed: {stats:?}"
+    );
+    assert!(served >= 3, "{served} served: {stats:?}");
+}
+
 /// Sends one request through `policy` to an upstream whose `n`-th call (from 0) times
 /// out when `times_out(n)` and is answered 200 otherwise; gives back the outcome and
 /// the calls made.

@@ -14,7 +14,7 @@
 //!     // One budget per dependency, shared by every client of it (clones share state).
 //!     // Every setting shown is the default (`RetryBudget::default()`, `RetryPolicy::default()`).
 //!     let budget = RetryBudget::builder()
-//!         // Wasted retries (those of requests that end unserved) within 10% of requests.
+//!         // Wasted retries (the ones that fail) within 10% of requests.
 //!         // More buys success in a heavy partial outage and load in a total one: leave it
 //!         // unless the dependency has that much headroom to spare.
 //!         .ratio(0.1)
@@ -134,10 +134,10 @@
 //! sent again after that backoff (the circuit admits its probe meanwhile):
 //!
 //! - a **retry** refused is moved, not spent: it is sent again without counting as an
-//!   attempt or asking the budget again (its admission stands, charged as wasted if the
-//!   request ends unserved), up to as many refusals as the request has retries. So a
-//!   blip that opens the circuit while a request is retrying costs it a wait, not its
-//!   remaining attempts;
+//!   attempt or asking the budget again (its admission stands, charged as wasted if it
+//!   fails), up to as many refusals as the request has retries. So a blip that opens
+//!   the circuit while a request is retrying costs it a wait, not its remaining
+//!   attempts;
 //! - a **first call** refused is retried as any failure is: an attempt, admitted by the
 //!   budget. A circuit that stays open (an outage) then fails new requests fast once the
 //!   budget's room is spent, instead of deferring every one of them to the moment it

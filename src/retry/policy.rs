@@ -61,8 +61,8 @@ pub struct RetryPolicy {
     /// (as many as its retries) are waited out.
     pub(super) refusals: u8,
     /// Retries this request was admitted to make and not yet settled with the budget
-    /// (attempts are capped at 100, so they fit): charged as wasted if it ends
-    /// unserved, its caller gone included.
+    /// (attempts are capped at 100, so they fit): the ones that failed are charged as
+    /// wasted when it ends (every one if it ends unserved, its caller gone included).
     pub(super) admitted: u8,
     /// An attempt of this request timed out or was reset and is not yet charged for
     /// it: charged once its own retry is decided (see `charge_expensive`).
@@ -258,22 +258,27 @@ impl RetryPolicy {
         }
     }
 
-    /// Settles this request's retries with the budget at its end, once: nothing for a
-    /// request `served`, every retry it was admitted to make for one that was not (the
-    /// last may still have been in flight when its caller gave up).
+    /// Settles this request's retries with the budget at its end, once: the retries it
+    /// was admitted to make that failed are wasted. For a request `served` that is all
+    /// but the last (the one that succeeded costs nothing); for one that was not, every
+    /// one (the last may still have been in flight when its caller gave up).
     fn settle(&mut self, served: bool) {
         let admitted = std::mem::take(&mut self.admitted);
-        if !served && admitted > 0 {
+        let wasted = if served {
+            admitted.saturating_sub(1)
+        } else {
+            admitted
+        };
+        if wasted > 0 {
             let now = tokio::time::Instant::now().into_std();
-            self.shared.budget.charge(now, u32::from(admitted));
+            self.shared.budget.charge(now, u32::from(wasted));
         }
     }
 
     /// Sends the retry an open circuit refused again after `delay`, a backoff that
     /// outlasts the break. The call never left the client: it is not an attempt, asks
     /// the budget for nothing and keeps the admission of the retry it moves (charged
-    /// as wasted if the request ends unserved); only the deadline and the body can
-    /// stop it.
+    /// as wasted if it fails); only the deadline and the body can stop it.
     fn wait_out_break<B, Res, E>(
         &mut self,
         req: &mut Request<B>,

@@ -6,7 +6,7 @@
 //! three layers of services that is 3³ = 27 (or 4³ = 64) requests at the bottom for one
 //! user action. A budget bounds the total instead. But a retry that succeeds is a user
 //! served, and only a retry that fails is load of the client's own making. So the budget
-//! counts **waste**: the retries of requests that ended unserved. Over a rolling window
+//! counts **waste**: the retries that failed. Over a rolling window
 //! (10 s), wasted retries may not exceed `ratio` (10%) of the client's original requests,
 //! plus a small **allowance** counted in retries (1): savings carried over, which a new
 //! client starts with.
@@ -15,9 +15,10 @@
 //!   room: a request's first retry if the room holds more than one retry, a later
 //!   retry while any is left (the last retry's worth goes to requests already
 //!   retrying). Nothing is taken then.
-//! - When a request ends unserved, its retries are *charged*
-//!   ([`charge`](RetryBudget::charge)). A request served after two retries costs
-//!   nothing: the retries that succeed never count against the bound.
+//! - When a request ends, its retries that failed are *charged*
+//!   ([`charge`](RetryBudget::charge)): every one of a request that ended unserved,
+//!   all but the last of one that was served. A request served by its first retry
+//!   costs nothing: the retries that succeed never count against the bound.
 //! - Other requests' retries still in flight are not counted: a burst of failures at one
 //!   instant (a blip) is retried, and its waste, if any, is paid for by the requests
 //!   after it. What that can overdraw is one request's retries per request then in
@@ -114,8 +115,8 @@ const COUNT_MAX: u64 = SEALED - 1;
 const STAMP_BITS: u32 = 64 - COUNT_BITS;
 const STAMP_MASK: u64 = (1 << STAMP_BITS) - 1;
 
-/// A retry budget: over a rolling `window`, wasted retries (those of requests that
-/// ended unserved) may not exceed `ratio` of the original requests, plus an
+/// A retry budget: over a rolling `window`, wasted retries (the ones that failed) may
+/// not exceed `ratio` of the original requests, plus an
 /// `allowance` of savings carried over; see the [module docs](self).
 ///
 /// Defaults: ratio 0.1, window 10 s, allowance 1, no floor, no pace.
@@ -191,7 +192,7 @@ struct State {
     /// Taken only to move the clock to a new epoch (once per bucket width at most).
     roll: Mutex<()>,
     deposits: Ring<{ DEPOSIT_BUCKETS as usize }>,
-    /// Wasted retries: charged by [`RetryBudget::charge`] when a request ends unserved,
+    /// Wasted retries: charged by [`RetryBudget::charge`] when a request ends,
     /// and at the grant by [`RetryBudget::try_withdraw`].
     withdrawals: Ring<{ WITHDRAWAL_BUCKETS as usize }>,
 }
@@ -295,8 +296,8 @@ impl RetryBudget {
 
     /// Whether a request that has already made `retries` retries, all of them failed,
     /// may make one more at `now`. Nothing is taken: the retries are charged by
-    /// [`charge`](Self::charge) once the request has ended unserved, and a request that
-    /// ends in success costs nothing.
+    /// [`charge`](Self::charge) once the request has ended (the ones that failed), and a
+    /// retry that succeeds costs nothing.
     ///
     /// The room is `ratio` times the window's original requests, plus the floor, less
     /// the window's waste, plus what is left of the allowance. A request's first retry
@@ -341,8 +342,9 @@ impl RetryBudget {
         room > reserve && state.paced(now)
     }
 
-    /// Charges `wasted` retries at `now`: those of a request that ended without being
-    /// served (every retry it made failed, it was refused, or its caller gave up on
+    /// Charges `wasted` retries at `now`: the retries of a request that failed, charged
+    /// when it ends (every one if it ended unserved: its retries failed, it was
+    /// refused, or its caller gave up on it; all but the last if its last retry served
     /// it), or the cost of a failure the server may have worked on for nobody.
     pub fn charge(&self, now: Instant, wasted: u32) {
         if wasted == 0 {

@@ -716,9 +716,16 @@ impl Fleet {
         r.schedule = None;
         let (client, retries) = (r.client, r.attempts.saturating_sub(1));
         let arrived = r.arrived_s as usize;
-        if !ok {
+        // The retries that failed are wasted: all of an unserved request's, all but the
+        // last of a served one's.
+        let wasted = if ok {
+            retries.saturating_sub(1)
+        } else {
+            retries
+        };
+        if wasted > 0 {
             let t = self.now;
-            self.state(client).on_unserved(t, retries);
+            self.state(client).on_wasted(t, wasted);
         }
         if ok {
             self.report.succeeded += 1;

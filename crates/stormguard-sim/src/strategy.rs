@@ -461,11 +461,11 @@ impl ClientState {
         }
     }
 
-    /// A request ended unserved at `t` after `retries` retries.
-    pub(crate) fn on_unserved(&mut self, t: u64, retries: u32) {
+    /// A request ended at `t`, `wasted` of its retries failed.
+    pub(crate) fn on_wasted(&mut self, t: u64, wasted: u32) {
         let now = self.instant(t);
         if let BudgetState::Core(b) = &self.budget {
-            b.charge(now, retries);
+            b.charge(now, wasted);
         }
     }
 
