@@ -104,7 +104,7 @@ impl CircuitBreakerBuilder {
         self
     }
 
-    /// Also open after this many failures in a row (default 100); a `u32` or an
+    /// Also open after this many failures in a row (default 50); a `u32` or an
     /// `Option<u32>` (`None` turns it off), at least 1.
     pub fn consecutive_failures(mut self, failures: impl Into<Option<u32>>) -> Self {
         self.config = self.config.consecutive_failures(failures);

@@ -139,7 +139,7 @@ impl BreakerConfigBuilder {
     }
 
     /// Also open the circuit after this many failures in a row, whatever the window holds
-    /// (default 100). Takes a `u32` or an `Option<u32>`; `None` turns the rule off, 0 is
+    /// (default 50). Takes a `u32` or an `Option<u32>`; `None` turns the rule off, 0 is
     /// rejected.
     pub fn consecutive_failures(mut self, failures: impl Into<Option<u32>>) -> Self {
         self.config.consecutive_failures = failures.into();

@@ -20,7 +20,7 @@
 //! - **Closed**: calls flow. Outcomes are counted over a sliding window (default 2 s)
 //!   kept as ten time buckets. The circuit opens when, over the window, at least
 //!   `min_throughput` (default 20) calls finished and at least `failure_ratio` (default
-//!   0.95) of them failed, or after `consecutive_failures` failures in a row (default 100;
+//!   0.95) of them failed, or after `consecutive_failures` failures in a row (default 50;
 //!   `None` turns that rule off). The window is evaluated when a failure is recorded (a success
 //!   cannot be the call that makes the ratio worse), so the success path only adds to a
 //!   counter.
