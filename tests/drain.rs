@@ -366,6 +366,194 @@ async fn http1_connection_drains_every_10_never_reach_the_caller() {
     drain_test(Protocol::Http1, 10).await;
 }
 
+/// How a server written on the `h2` crate treats the streams it takes.
+#[cfg(feature = "h2")]
+#[derive(Clone, Copy, PartialEq)]
+enum RawH2 {
+    /// Drains each connection after `per_connection` streams with h2's own graceful
+    /// shutdown: the two-step GOAWAY of real servers, first naming stream 2^31-1, then,
+    /// a ping's round trip later, the last stream it took. Every stream it took is
+    /// served; the ones above are refused by the GOAWAY, unprocessed.
+    Honest,
+    /// Never drains, but answers every `per_connection`-th stream with `REFUSED_STREAM`
+    /// after acting on it: the server's statement that the stream was not processed
+    /// (RFC 9113, section 8.7) is false, as a GOAWAY naming a last stream below one it
+    /// acted on would be (section 6.8; the `h2` crate cannot send that one).
+    Lies,
+}
+
+/// What a raw h2 server saw: the requests it acted on (at their heads), and the POSTs
+/// the client cancelled (`RST_STREAM CANCEL`) before their bodies ended.
+#[cfg(feature = "h2")]
+struct RawH2Server {
+    addr: SocketAddr,
+    processed: Processed,
+    cancelled: Arc<Mutex<Vec<u64>>>,
+}
+
+/// A server on 127.0.0.1:0 written on the `h2` crate, whose application acts on each
+/// request at its head, before its body has arrived (as a server that starts work on
+/// the headers does; the hyper server above acts only on whole requests).
+#[cfg(feature = "h2")]
+async fn raw_h2_server(per_connection: usize, behaviour: RawH2) -> RawH2Server {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let processed = Processed::default();
+    let cancelled = Arc::new(Mutex::new(Vec::new()));
+    let (seen, cancels) = (processed.clone(), cancelled.clone());
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let (seen, cancels) = (seen.clone(), cancels.clone());
+            tokio::spawn(async move {
+                let Ok(mut conn) = h2::server::handshake(stream).await else {
+                    return;
+                };
+                let mut taken = 0;
+                while let Some(next) = conn.accept().await {
+                    let (req, mut respond) = match next {
+                        Ok(next) => next,
+                        Err(_) => break,
+                    };
+                    taken += 1;
+                    let id = req
+                        .headers()
+                        .get("x-request-id")
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(|v| v.parse::<u64>().ok())
+                        .unwrap_or(u64::MAX);
+                    *seen.lock().expect("lock").entry(id).or_default() += 1;
+                    if behaviour == RawH2::Lies && taken % per_connection == 0 {
+                        respond.send_reset(h2::Reason::REFUSED_STREAM);
+                        continue;
+                    }
+                    let cancels = cancels.clone();
+                    tokio::spawn(async move {
+                        let mut body = req.into_body();
+                        while let Some(chunk) = body.data().await {
+                            match chunk {
+                                Ok(chunk) => {
+                                    let _ = body.flow_control().release_capacity(chunk.len());
+                                }
+                                Err(e) => {
+                                    if e.reason() == Some(h2::Reason::CANCEL) {
+                                        cancels.lock().expect("lock").push(id);
+                                    }
+                                    return;
+                                }
+                            }
+                        }
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                        if let Ok(mut send) = respond.send_response(Response::new(()), false) {
+                            let _ = send.send_data(Bytes::from_static(b"ok"), true);
+                        }
+                    });
+                    if behaviour == RawH2::Honest && taken == per_connection {
+                        conn.graceful_shutdown();
+                    }
+                }
+                // Serve the streams still running until the connection closes, as a
+                // real server does.
+                let _ = std::future::poll_fn(|cx| conn.poll_closed(cx)).await;
+            });
+        }
+    });
+    RawH2Server {
+        addr,
+        processed,
+        cancelled,
+    }
+}
+
+/// A POST acted on at its head and caught by a drain is sent again only when hyper
+/// itself abandoned it: hyper 1's HTTP/2 client, when the GOAWAY arrives between
+/// opening a request's stream and its next readiness check, cancels that stream
+/// (`RST_STREAM CANCEL`) and hands the request the connection's GOAWAY error, which
+/// reads as a refusal. A server that took the stream and acts on heads has by then
+/// seen it. Every stream the GOAWAY names as taken is otherwise served, and a POST
+/// the server received whole is never sent again.
+#[cfg(feature = "h2")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raw_h2_server_draining_gets_a_post_twice_only_when_hyper_cancelled_its_stream() {
+    let server = raw_h2_server(10, RawH2::Honest).await;
+    let policy = RetryPolicy::default();
+    let breaker = CircuitBreaker::default();
+    let failures = run(
+        stormguard(Protocol::Http2, policy.clone(), breaker.clone()),
+        server.addr,
+    )
+    .await;
+    let stats = policy.stats();
+    let processed = server.processed.lock().expect("lock");
+    let cancelled = server.cancelled.lock().expect("lock");
+    let posts_twice: Vec<u64> = processed
+        .iter()
+        .filter(|(id, n)| **id % 2 == 1 && **n > 1)
+        .map(|(id, _)| *id)
+        .collect();
+    println!(
+        "raw h2 server, acting on heads, two-step GOAWAY every 10 streams, {REQUESTS} \
+         requests (half POST), {CONCURRENCY} at a time: {} errors ({} timed out), {} transparent retries, \
+         {} retries, POSTs processed twice {posts_twice:?}, POSTs the client cancelled \
+         {cancelled:?}; breaker {:?}",
+        failures.ids.len(),
+        failures.timed_out.len(),
+        stats.transparent_retries,
+        stats.retries,
+        breaker.stats()
+    );
+    assert!(stats.transparent_retries > 0, "the drains were felt");
+    // Not every drain is invisible here: in 100 runs, 11 had errors at the caller (44
+    // in all; 20 of them, in 3 runs, POSTs the server never saw that stalled until the
+    // 5 s per-attempt timeout; the rest lost on connections closed under them). They
+    // are bounded here; the hyper drain tests above hold them at 0.
+    assert!(
+        failures.ids.len() <= REQUESTS as usize / 100,
+        "{:?}",
+        failures.first
+    );
+    for id in &posts_twice {
+        assert!(
+            cancelled.contains(id),
+            "POST {id} was processed twice though the client never cancelled it"
+        );
+    }
+    let circuit = breaker.stats();
+    assert!(
+        circuit.transitions == 0 || circuit.failures >= 20,
+        "refusals alone opened the circuit: {circuit:?}"
+    );
+}
+
+/// What the client cannot help: a refusal is the server's word that it did nothing, and
+/// the client sends the call again on that word, whatever its method. Against a server
+/// that may break it, a POST needs an `Idempotency-Key` the server deduplicates on.
+#[cfg(feature = "h2")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_refuses_a_stream_it_acted_on_gets_that_post_twice() {
+    let server = raw_h2_server(10, RawH2::Lies).await;
+    let policy = RetryPolicy::default();
+    let failures = run(
+        stormguard(Protocol::Http2, policy.clone(), CircuitBreaker::default()),
+        server.addr,
+    )
+    .await;
+    let (posts_twice, gets_twice) = processed_twice(&server.processed);
+    let stats = policy.stats();
+    println!(
+        "raw h2 server refusing every 10th stream after acting on it: {} errors, \
+         POSTs processed twice {posts_twice}, GETs {gets_twice}, {stats:?}",
+        failures.ids.len()
+    );
+    // A request refused again on its transparent retry can fail: the lie is the
+    // server's, and rare enough here.
+    assert!(
+        failures.ids.len() <= REQUESTS as usize / 100,
+        "{:?}",
+        failures.first
+    );
+    assert!(posts_twice > 0 && gets_twice > 0, "{stats:?}");
+}
+
 /// nginx 1.22 in front of the recording server, draining every client connection after
 /// [`NGINX_KEEPALIVE_REQUESTS`] requests, as a production nginx does every
 /// `keepalive_requests` (1000 by default; 50 here, so that 2,000 requests meet 40 drains
