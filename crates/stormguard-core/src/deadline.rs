@@ -215,4 +215,25 @@ mod tests {
         );
         assert!(Deadline::after(now, Duration::MAX).instant() > now);
     }
+
+    #[test]
+    fn what_remains_is_the_deadline_less_the_time_gone() {
+        let now = Instant::now();
+        let deadline = Deadline::after(now, Duration::from_secs(1));
+        assert_eq!(deadline.remaining(now), Duration::from_secs(1));
+        assert_eq!(
+            deadline.remaining(now + Duration::from_millis(300)),
+            Duration::from_millis(700)
+        );
+    }
+
+    #[test]
+    fn a_timeout_too_large_to_add_means_thirty_years() {
+        let now = Instant::now();
+        let years = |n: u64| Duration::from_secs(n * 365 * 24 * 3600);
+        let none = Deadline::after(now, Duration::MAX);
+        assert_eq!(none.remaining(now), years(30));
+        assert!(none.allows(now, years(29)));
+        assert!(!none.allows(now, years(31)));
+    }
 }
