@@ -1246,6 +1246,145 @@ mod tests {
     }
 
     #[test]
+    fn the_window_may_be_from_1ms_to_10_years_inclusive() {
+        let ten_years = Duration::from_secs(10 * 365 * 24 * 3600);
+        for ok in [Duration::from_millis(1), ten_years] {
+            let b = RetryBudget::builder().window(ok).build().expect("in range");
+            assert_eq!(b.window(), ok);
+        }
+        for bad in [
+            Duration::from_micros(999),
+            ten_years + Duration::from_nanos(1),
+        ] {
+            let err = RetryBudget::builder().window(bad).build().unwrap_err();
+            assert_eq!(err.field(), "budget window", "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_settings_read_back_as_given() {
+        let t0 = Instant::now();
+        let b = RetryBudget::builder()
+            .ratio(0.25)
+            .window(Duration::from_secs(4))
+            .allowance(3)
+            .pace(Some(0.5))
+            .name("db")
+            .origin(t0)
+            .build()
+            .expect("valid");
+        assert_eq!(b.ratio(), 0.25);
+        assert_eq!(b.window(), Duration::from_secs(4));
+        assert_eq!(b.allowance(), 3);
+        assert_eq!(b.pace(), Some(0.5));
+        assert_eq!(b.min_retries(), 0);
+        assert_eq!(b.name(), Some("db"));
+        assert_eq!(b.t0(), t0);
+        assert_eq!(
+            format!("{b:?}"),
+            "RetryBudget { ratio: 0.25, window: 4s, min_retries: 0, allowance: 3, \
+             pace: Some(0.5), name: Some(\"db\"), .. }"
+        );
+        let floor = RetryBudget::builder()
+            .min_retries(2)
+            .build()
+            .expect("valid");
+        assert_eq!(floor.min_retries(), 2);
+    }
+
+    #[test]
+    fn usage_counts_the_windows_requests_and_wasted_retries() {
+        let (b, t0) = fresh();
+        for _ in 0..5 {
+            b.deposit(t0);
+        }
+        b.charge(t0, 2);
+        assert_eq!(b.usage(t0), (5, 2));
+        assert_eq!(b.usage(t0 + Duration::from_secs(25)), (0, 0));
+    }
+
+    #[test]
+    fn the_observer_is_set_once_and_sees_the_room_as_the_clock_moves() {
+        let (b, t0) = fresh();
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = seen.clone();
+        assert!(b.on_roll_over(move |snap| sink.lock().expect("lock").push(snap)));
+        assert!(!b.on_roll_over(|_| ()), "set once");
+        for _ in 0..50 {
+            b.deposit(t0);
+        }
+        b.charge(t0, 2);
+        b.deposit(t0 + Duration::from_secs(1));
+        // 50 requests pay for 5 retries, 2 were wasted, and the allowance holds 1.
+        let last = seen.lock().expect("lock").last().copied();
+        assert_eq!(
+            last,
+            Some(Snapshot {
+                remaining: 4,
+                allowance: 1,
+                requests: 50,
+                wasted: 2,
+            })
+        );
+    }
+
+    #[test]
+    fn an_allowance_of_several_retries_refills_whole() {
+        let t0 = Instant::now();
+        let b = RetryBudget::builder()
+            .allowance(3)
+            .origin(t0)
+            .build()
+            .expect("valid");
+        b.charge(t0, 3);
+        for ms in 0..10_000 {
+            b.deposit(t0 + Duration::from_millis(ms));
+        }
+        // The waste left with its window, paid for by the savings; the rest refills
+        // the allowance to its size, not to one retry.
+        assert_eq!(b.available(t0 + Duration::from_secs(30)), 3);
+        assert_eq!(b.allowance_left(), 3);
+    }
+
+    #[test]
+    fn savings_leaving_over_a_long_gap_are_counted_once() {
+        // 200 requests save 20 retries, 100 retries were wasted: after two windows of
+        // silence the allowance of 100 is down by 80, however long the gap.
+        let t0 = Instant::now();
+        let b = RetryBudget::builder()
+            .allowance(100)
+            .origin(t0)
+            .build()
+            .expect("valid");
+        for _ in 0..200 {
+            b.deposit(t0);
+        }
+        b.charge(t0, 100);
+        assert_eq!(b.available(t0 + Duration::from_secs(20)), 20);
+        assert_eq!(b.allowance_left(), 20);
+    }
+
+    #[test]
+    fn the_pace_follows_the_request_rate_whatever_the_window() {
+        // A 1 s window, in buckets of 100 ms: 100 requests in one bucket are a rate of
+        // 1,000 a second, paced at 0.5 to 500 retries a second, 50 in 100 ms: enough
+        // for the 10 retries they saved.
+        let t0 = Instant::now();
+        let b = RetryBudget::builder()
+            .window(Duration::from_secs(1))
+            .allowance(0)
+            .pace(Some(0.5))
+            .origin(t0)
+            .build()
+            .expect("valid");
+        let at = t0 + Duration::from_secs(60);
+        for _ in 0..100 {
+            b.deposit(at);
+        }
+        assert_eq!(withdraw_all(&b, at + Duration::from_millis(50)), 10);
+    }
+
+    #[test]
     fn clones_share_one_state_across_threads() {
         let b = budget(0.1, 10, 0);
         let now = b.t0();
