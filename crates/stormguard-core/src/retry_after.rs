@@ -277,6 +277,51 @@ mod tests {
     }
 
     #[test]
+    fn february_has_29_days_in_leap_years_only_and_april_30() {
+        let now = at(0);
+        for valid in [
+            "Tue, 29 Feb 2000 00:00:00 GMT",
+            "Thu, 29 Feb 2024 00:00:00 GMT",
+            "Sun, 30 Apr 2023 00:00:00 GMT",
+        ] {
+            assert!(parse(valid.as_bytes(), now).is_some(), "{valid}");
+        }
+        // Each names the weekday the day after would have, so only the month's length
+        // can refuse it.
+        for invalid in [
+            "Thu, 29 Feb 1900 00:00:00 GMT",
+            "Wed, 29 Feb 2023 00:00:00 GMT",
+            "Mon, 31 Apr 2023 00:00:00 GMT",
+        ] {
+            assert_eq!(parse(invalid.as_bytes(), now), None, "{invalid}");
+        }
+    }
+
+    /// The year a two-digit RFC 850 year is resolved against is right on every day of
+    /// four centuries (leap days and century years included).
+    #[test]
+    fn the_current_year_is_found_on_every_day_from_1900_to_2300() {
+        for year in 1900..2300 {
+            let first = days_from_civil(year, 1, 1);
+            let last = days_from_civil(year, 12, 31);
+            for day in first..=last {
+                let secs = i128::from(day) * 86_400;
+                assert_eq!(year_of(secs), year, "day {day}");
+                assert_eq!(year_of(secs + 86_399), year, "end of day {day}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_date_is_waited_for_to_the_nanosecond() {
+        let now = at(EXAMPLE - 2) + Duration::from_millis(500);
+        assert_eq!(
+            parse(b"Sun, 06 Nov 1994 08:49:37 GMT", now),
+            Some(Duration::from_millis(1_500))
+        );
+    }
+
+    #[test]
     fn past_date_is_zero() {
         let now = at(EXAMPLE + 3600);
         assert_eq!(
