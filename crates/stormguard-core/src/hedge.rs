@@ -483,6 +483,58 @@ mod tests {
     }
 
     #[test]
+    fn the_settings_and_both_halves_of_the_window_read_back() {
+        let e = LatencyEstimator::builder()
+            .percentile(0.9)
+            .window(Duration::from_secs(2))
+            .min_samples(3)
+            .floor(ms(5))
+            .build()
+            .expect("valid");
+        assert_eq!(e.percentile(), 0.9);
+        assert_eq!(e.window(), Duration::from_secs(2));
+        assert_eq!(e.min_samples(), 3);
+        assert_eq!(e.floor(), ms(5));
+        let t0 = Instant::now();
+        e.record(ms(10), t0);
+        e.record(ms(20), t0 + Duration::from_secs(1));
+        assert_eq!(e.samples(t0 + Duration::from_secs(1)), 2);
+        assert_eq!(
+            format!("{e:?}"),
+            "LatencyEstimator { percentile: 0.9, window: 2s, min_samples: 3, floor: 5ms, \
+             samples: 2, delay: None }"
+        );
+        // Later halves take turns in the same two histograms.
+        for (i, secs) in [4u64, 5, 6].into_iter().enumerate() {
+            e.record(ms(30), t0 + Duration::from_secs(secs));
+            assert_eq!(
+                e.samples(t0 + Duration::from_secs(secs)),
+                (i as u64).min(1) + 1
+            );
+        }
+    }
+
+    #[test]
+    fn the_window_and_the_floor_are_checked_at_their_edges() {
+        let b = LatencyEstimator::builder;
+        let hour = Duration::from_secs(3600);
+        let tick = Duration::from_nanos(1);
+        for ok in [ms(10), hour] {
+            assert_eq!(b().window(ok).build().expect("in range").window(), ok);
+        }
+        for bad in [ms(10) - tick, hour + tick] {
+            assert_eq!(b().window(bad).build().unwrap_err().field(), "hedge window");
+        }
+        assert_eq!(b().floor(hour).build().expect("in range").floor(), hour);
+        assert_eq!(
+            b().floor(hour + tick).build().unwrap_err().field(),
+            "hedge floor"
+        );
+        assert!(b().min_samples(1_000_000).build().is_ok());
+        assert!(b().min_samples(1_000_001).build().is_err());
+    }
+
+    #[test]
     fn bad_settings_are_errors() {
         let b = LatencyEstimator::builder;
         for p in [0.0, 1.0, -0.5, f64::NAN, 95.0] {
