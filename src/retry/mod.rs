@@ -124,10 +124,11 @@
 //! reads exactly as a refusal, though the stream's head may have reached the server
 //! (`tests/drain.rs` and docs/checking.md show it, 61 POSTs in 100 runs, each cancelled
 //! by the client first); an application that acts before reading its body, behind
-//! hyper's client, should take an `Idempotency-Key`. And under load hyper's HTTP/2 server now and then closes a
-//! draining connection before a processed request's response is out; the client sees a
-//! broken pipe on a request that may have been processed, which a POST must not repeat
-//! (the test allows under 1% of these and reports them apart).
+//! hyper's client, should take an `Idempotency-Key`. And under load hyper's HTTP/2
+//! server now and then closes a draining connection before a processed request's
+//! response is out; the client sees a broken pipe on a request that may have been
+//! processed, which a POST must not repeat (the test allows under 1% of these and
+//! reports them apart).
 //!
 //! # An open circuit below
 //!

@@ -1014,8 +1014,17 @@ mod tests {
 
     /// The defaults, counted from a known origin.
     fn fresh() -> (RetryBudget, Instant) {
+        fresh_with_allowance(DEFAULT_ALLOWANCE)
+    }
+
+    /// The defaults but for the allowance, counted from a known origin.
+    fn fresh_with_allowance(retries: u32) -> (RetryBudget, Instant) {
         let t0 = Instant::now();
-        let b = RetryBudget::builder().origin(t0).build().expect("defaults");
+        let b = RetryBudget::builder()
+            .allowance(retries)
+            .origin(t0)
+            .build()
+            .expect("valid");
         (b, t0)
     }
 
@@ -1330,12 +1339,7 @@ mod tests {
 
     #[test]
     fn an_allowance_of_several_retries_refills_whole() {
-        let t0 = Instant::now();
-        let b = RetryBudget::builder()
-            .allowance(3)
-            .origin(t0)
-            .build()
-            .expect("valid");
+        let (b, t0) = fresh_with_allowance(3);
         b.charge(t0, 3);
         for ms in 0..10_000 {
             b.deposit(t0 + Duration::from_millis(ms));
@@ -1350,12 +1354,7 @@ mod tests {
     fn savings_leaving_over_a_long_gap_are_counted_once() {
         // 200 requests save 20 retries, 100 retries were wasted: after two windows of
         // silence the allowance of 100 is down by 80, however long the gap.
-        let t0 = Instant::now();
-        let b = RetryBudget::builder()
-            .allowance(100)
-            .origin(t0)
-            .build()
-            .expect("valid");
+        let (b, t0) = fresh_with_allowance(100);
         for _ in 0..200 {
             b.deposit(t0);
         }

@@ -505,12 +505,11 @@ mod tests {
              samples: 2, delay: None }"
         );
         // Later halves take turns in the same two histograms.
-        for (i, secs) in [4u64, 5, 6].into_iter().enumerate() {
-            e.record(ms(30), t0 + Duration::from_secs(secs));
-            assert_eq!(
-                e.samples(t0 + Duration::from_secs(secs)),
-                (i as u64).min(1) + 1
-            );
+        // At 4 s both halves are stale and emptied; from then on each keeps one.
+        for (secs, samples) in [(4, 1), (5, 2), (6, 2)] {
+            let at = t0 + Duration::from_secs(secs);
+            e.record(ms(30), at);
+            assert_eq!(e.samples(at), samples, "at {secs} s");
         }
     }
 
