@@ -258,6 +258,32 @@ fn classify_one(err: &(dyn Error + 'static)) -> Option<ErrorClass> {
     None
 }
 
+/// Whether `err` or one of its sources is a timeout: an attempt the server may have
+/// worked on for nobody the whole time (tower's `Elapsed`, `io::ErrorKind::TimedOut`,
+/// hyper's and reqwest's own timeouts). A reset, a broken pipe or a closed connection
+/// is not: one close fails every stream then in flight at once, whatever work they
+/// cost.
+pub(crate) fn is_timeout<E: 'static>(err: &E) -> bool {
+    let Some(err) = as_std_error(err) else {
+        return false;
+    };
+    sources(err).any(|err| {
+        if err.is::<tower::timeout::error::Elapsed>() {
+            return true;
+        }
+        #[cfg(feature = "reqwest")]
+        if let Some(err) = err.downcast_ref::<reqwest::Error>() {
+            return err.is_timeout();
+        }
+        #[cfg(feature = "hyper")]
+        if let Some(err) = err.downcast_ref::<hyper::Error>() {
+            return err.is_timeout();
+        }
+        err.downcast_ref::<io::Error>()
+            .is_some_and(|err| err.kind() == io::ErrorKind::TimedOut)
+    })
+}
+
 #[cfg(feature = "hyper-util")]
 fn is_hyper_util_canceled(err: &hyper_util::client::legacy::Error) -> bool {
     displays_as(err, "client error (Canceled)")
@@ -339,6 +365,23 @@ mod tests {
         let refused = h2::Error::from(h2::Reason::REFUSED_STREAM);
         // Made locally (not from the peer): not proof the server never saw it.
         assert_eq!(classify_error(&boxed(refused)), ErrorClass::Unknown);
+    }
+
+    #[test]
+    fn only_timeouts_are_timeouts() {
+        let elapsed: BoxError = Box::new(tower::timeout::error::Elapsed::new());
+        assert!(is_timeout(&elapsed));
+        assert!(is_timeout(&boxed(tower::timeout::error::Elapsed::new())));
+        assert!(is_timeout(&boxed(io::Error::from(io::ErrorKind::TimedOut))));
+        for kind in [
+            io::ErrorKind::ConnectionReset,
+            io::ErrorKind::ConnectionAborted,
+            io::ErrorKind::BrokenPipe,
+            io::ErrorKind::UnexpectedEof,
+        ] {
+            assert!(!is_timeout(&boxed(io::Error::from(kind))), "{kind:?}");
+        }
+        assert!(!is_timeout(&String::from("not an error type")));
     }
 
     #[test]

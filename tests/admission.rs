@@ -155,15 +155,30 @@ async fn call_timing_out<F>(policy: &RetryPolicy, times_out: F) -> (Result<Statu
 where
     F: Fn(u32) -> bool + Clone + Send + 'static,
 {
+    let elapsed = || -> BoxError { Box::new(tower::timeout::error::Elapsed::new()) };
+    call_failing(policy, elapsed, times_out).await
+}
+
+/// Sends one request through `policy` to an upstream whose `n`-th call (from 0) fails
+/// with `error()` when `fails(n)` and is answered 200 otherwise; gives back the outcome
+/// and the calls made.
+async fn call_failing<F>(
+    policy: &RetryPolicy,
+    error: fn() -> BoxError,
+    fails: F,
+) -> (Result<StatusCode, String>, u32)
+where
+    F: Fn(u32) -> bool + Clone + Send + 'static,
+{
     let calls = Arc::new(AtomicU32::new(0));
     let counter = calls.clone();
     let upstream = service_fn(move |_req: Request<String>| {
         let n = counter.fetch_add(1, Ordering::SeqCst);
-        let timeout = times_out(n);
+        let fail = fails(n);
         async move {
             tokio::time::sleep(MS).await;
-            if timeout {
-                Err::<Response<String>, BoxError>(Box::new(tower::timeout::error::Elapsed::new()))
+            if fail {
+                Err::<Response<String>, BoxError>(error())
             } else {
                 Ok(status(200))
             }
@@ -194,6 +209,36 @@ async fn a_new_clients_first_timeout_is_retried_and_the_next_one_is_not() {
     let (outcome, calls) = call_timing_out(&policy, |_| true).await;
     assert!(outcome.is_err(), "{outcome:?}");
     assert_eq!(calls, 2, "{:?}", policy.stats());
+    assert_eq!(policy.stats().budget_denied, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reset_costs_what_a_fast_failure_does_not_what_a_timeout_does() {
+    // A reset or a broken pipe is a connection closing under the request, not work the
+    // server did for nobody the whole time: one close fails every stream then in flight
+    // at once, so it is not charged extra. A new client's first request whose first two
+    // attempts are reset gets its three attempts, as with two 503s.
+    for kind in [
+        std::io::ErrorKind::BrokenPipe,
+        std::io::ErrorKind::ConnectionReset,
+    ] {
+        let policy = defaults(11);
+        let error: fn() -> BoxError = match kind {
+            std::io::ErrorKind::BrokenPipe => {
+                || Box::new(std::io::Error::from(std::io::ErrorKind::BrokenPipe))
+            }
+            _ => || Box::new(std::io::Error::from(std::io::ErrorKind::ConnectionReset)),
+        };
+        let (outcome, calls) = call_failing(&policy, error, |n| n < 2).await;
+        assert_eq!((outcome, calls), (Ok(StatusCode::OK), 3), "{kind:?}");
+        assert_eq!(policy.stats().budget_denied, 0, "{kind:?}");
+    }
+    // The same two failures as timeouts: the first one's charge closes the room to the
+    // second retry.
+    let policy = defaults(11);
+    let (outcome, calls) = call_timing_out(&policy, |n| n < 2).await;
+    assert!(outcome.is_err(), "{outcome:?}");
+    assert_eq!(calls, 2);
     assert_eq!(policy.stats().budget_denied, 1);
 }
 

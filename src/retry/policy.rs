@@ -64,7 +64,7 @@ pub struct RetryPolicy {
     /// (attempts are capped at 100, so they fit): the ones that failed are charged as
     /// wasted when it ends (every one if it ends unserved, its caller gone included).
     pub(super) admitted: u8,
-    /// An attempt of this request timed out or was reset and is not yet charged for
+    /// An attempt of this request timed out and is not yet charged for
     /// it: charged once its own retry is decided (see `charge_expensive`).
     pub(super) expensive_pending: bool,
     /// When the caller stops waiting: the request's [`Deadline`] or its `grpc-timeout`
@@ -242,8 +242,8 @@ impl RetryPolicy {
         Ok(())
     }
 
-    /// Charges an attempt that may have cost the server work for nobody (a timeout, a
-    /// reset), once its own retry is decided, and whatever was decided: two wasted
+    /// Charges an attempt that timed out (work the server may have done for nobody),
+    /// once its own retry is decided, and whatever was decided: two wasted
     /// retries (`stormguard_core::budget::EXPENSIVE_FAILURE`), as the AWS SDKs ask a
     /// timeout's retry for twice the tokens. Its own retry is decided first, on the
     /// room as it was: so a new or quiet client retries an isolated timeout (its
@@ -573,8 +573,13 @@ where
                 ErrorClass::Unprocessed | ErrorClass::NotSent => {
                     (Class::Retryable { after: None }, true, false)
                 }
-                // A timeout or a reset: the server may have done the work for nobody.
-                ErrorClass::MaybeProcessed => (Class::Retryable { after: None }, false, true),
+                // The request may have been processed. A timeout is charged more: the
+                // server may have worked on it for nobody all the while.
+                ErrorClass::MaybeProcessed => (
+                    Class::Retryable { after: None },
+                    false,
+                    crate::error_class::is_timeout(err),
+                ),
                 ErrorClass::CircuitOpen => {
                     // A break that ends before the backoff would anyway is waited out:
                     // the circuit admits its probe meanwhile, so the call adds no load,

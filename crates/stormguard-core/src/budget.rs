@@ -33,9 +33,11 @@
 //!   double failure; a client in a long outage spends it once, since nothing it earns
 //!   is left over. Over any stretch of time, waste stays within 10% of the requests
 //!   plus the allowance, plus the retries in flight when the room ran out.
-//! - A timeout or a reset (work the server may have done for nobody) is charged too:
-//!   the retry layer charges [`EXPENSIVE_FAILURE`] wasted retries for each, once its own
-//!   retry is decided on the room as it was. So a new or quiet client retries an
+//! - A timeout (work the server may have done for nobody) is charged too: the retry
+//!   layer charges [`EXPENSIVE_FAILURE`] wasted retries for each, once its own retry is
+//!   decided on the room as it was. A reset or a broken pipe is not: one connection
+//!   closing fails every request then in flight on it at once, and charging each of
+//!   them would refuse the retries of the idempotent ones among them. So a new or quiet client retries an
 //!   isolated timeout (a hung replica, a dead connection) on its allowance, and in a
 //!   brownout, where timeouts come many at a time, each one charged closes the room to
 //!   the retries of the next ones.
@@ -716,8 +718,8 @@ impl Default for RetryBudgetBuilder {
 /// The pace v0.2 set by default; v0.3 sets none (see [`RetryBudgetBuilder::pace`]).
 pub const DEFAULT_PACE: f64 = 0.5;
 
-/// What a failure that may have cost the server work for nobody (a timeout, a reset)
-/// is charged, in wasted retries, once its own retry is decided and whatever was decided
+/// What a failure that may have cost the server work for nobody (a timeout; not a reset,
+/// which one connection's close gives every request on it at once) is charged, in wasted retries, once its own retry is decided and whatever was decided
 /// (on top of the request's retries, should it end unserved). Two: the AWS SDKs' retry
 /// quota asks a retry after a timeout for twice the tokens of one after an error (10
 /// against 5), and a timed-out attempt is, like a wasted retry, work the server did for

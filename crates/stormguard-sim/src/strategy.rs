@@ -471,7 +471,7 @@ impl ClientState {
 
     /// An attempt timed out at `t`: work the server may have done for nobody, which a
     /// core budget is charged as two wasted retries once the attempt's own retry is
-    /// decided, whatever was decided (as the retry layer charges a timeout or a reset).
+    /// decided, whatever was decided (as the retry layer charges a timeout).
     pub(crate) fn on_timeout(&mut self, t: u64) {
         let now = self.instant(t);
         if let BudgetState::Core(b) = &self.budget {
