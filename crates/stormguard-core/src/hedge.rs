@@ -514,6 +514,36 @@ mod tests {
     }
 
     #[test]
+    fn the_percentile_is_taken_over_both_halves_of_the_window() {
+        // 60 latencies of 1 ms in one half-window, 40 of 4 ms in the next: of the 100, the
+        // 95th percentile is 4 ms and the 50th 1 ms, in either order of the halves.
+        let t0 = Instant::now();
+        let t1 = t0 + Duration::from_secs(1);
+        let fed = |percentile: f64, halves: [(u32, Duration); 2]| {
+            let e = LatencyEstimator::builder()
+                .percentile(percentile)
+                .window(Duration::from_secs(2))
+                .min_samples(100)
+                .floor(Duration::from_micros(1))
+                .build()
+                .expect("valid");
+            for ((n, latency), at) in halves.into_iter().zip([t0, t1]) {
+                for _ in 0..n {
+                    e.record(latency, at);
+                }
+            }
+            e
+        };
+        let upper = |micros: u64| Duration::from_micros(bucket_upper(bucket_of(micros)));
+        for halves in [[(60, ms(1)), (40, ms(4))], [(40, ms(4)), (60, ms(1))]] {
+            let p95 = fed(0.95, halves);
+            assert_eq!(p95.samples(t1), 100);
+            assert_eq!(p95.delay(t1), Some(upper(4_000)), "{halves:?}");
+            assert_eq!(fed(0.5, halves).delay(t1), Some(upper(1_000)), "{halves:?}");
+        }
+    }
+
+    #[test]
     fn the_window_and_the_floor_are_checked_at_their_edges() {
         let b = LatencyEstimator::builder;
         let hour = Duration::from_secs(3600);
