@@ -1,7 +1,9 @@
 //! Graceful drains: a real server that closes every connection after a few requests, as
 //! nginx does every `keepalive_requests` (HTTP/2: GOAWAY) and any server does on a
 //! graceful restart. With the default policy no error may reach the caller, and no
-//! request may be processed twice.
+//! request may be processed twice. A server that closes a drained connection at once,
+//! without the lingering close real servers do, resets it under the client: then only a
+//! POST caught in flight may fail (processed or not, nothing says which).
 //!
 //! Run with `--nocapture` to see the side-by-side of "no retries" and stormguard.
 
@@ -46,10 +48,116 @@ fn request_id(headers: &http::HeaderMap) -> u64 {
         .unwrap_or(u64::MAX)
 }
 
+/// How the server closes a connection it has drained.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Close {
+    /// As nginx (`lingering_close`) and RFC 9112 §9.6 do: send its end of the stream,
+    /// then read and discard what the client still sends, until the client closes or
+    /// [`LINGER`] passes. The client reads everything the server sent (the GOAWAY, the
+    /// last responses) before it sees the end.
+    Lingering,
+    /// Close the socket at once. Bytes the client sent that the server never read make
+    /// the kernel answer with a reset, and a reset discards what the client had not yet
+    /// read: responses of requests the server processed, and the GOAWAY itself.
+    Abrupt,
+}
+
+/// The longest a lingering close waits for the client to close its end.
+const LINGER: Duration = Duration::from_secs(2);
+
+/// A server's socket that closes as [`Close`] says when hyper drops it.
+struct ServerSocket {
+    stream: Option<tokio::net::TcpStream>,
+    close: Close,
+}
+
+impl Drop for ServerSocket {
+    fn drop(&mut self) {
+        let Some(mut stream) = self.stream.take() else {
+            return;
+        };
+        if self.close == Close::Abrupt {
+            return;
+        }
+        tokio::spawn(async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let _ = stream.shutdown().await;
+            let mut sink = [0u8; 4096];
+            let _ = tokio::time::timeout(LINGER, async {
+                while let Ok(n) = stream.read(&mut sink).await {
+                    if n == 0 {
+                        break;
+                    }
+                }
+            })
+            .await;
+        });
+    }
+}
+
+impl ServerSocket {
+    fn stream(&mut self) -> std::io::Result<std::pin::Pin<&mut tokio::net::TcpStream>> {
+        match self.stream.as_mut() {
+            Some(stream) => Ok(std::pin::Pin::new(stream)),
+            None => Err(std::io::ErrorKind::NotConnected.into()),
+        }
+    }
+}
+
+impl tokio::io::AsyncRead for ServerSocket {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.stream() {
+            Ok(stream) => stream.poll_read(cx, buf),
+            Err(e) => std::task::Poll::Ready(Err(e)),
+        }
+    }
+}
+
+impl tokio::io::AsyncWrite for ServerSocket {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        match self.stream() {
+            Ok(stream) => stream.poll_write(cx, buf),
+            Err(e) => std::task::Poll::Ready(Err(e)),
+        }
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.stream() {
+            Ok(stream) => stream.poll_flush(cx),
+            Err(e) => std::task::Poll::Ready(Err(e)),
+        }
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.stream() {
+            Ok(stream) => stream.poll_shutdown(cx),
+            Err(e) => std::task::Poll::Ready(Err(e)),
+        }
+    }
+}
+
 /// A server on 127.0.0.1:0 that drains each connection gracefully once it has taken
-/// `per_connection` requests (nginx's `keepalive_requests`, set low). The accept loop
-/// ends with the test's runtime.
-async fn draining_server(protocol: Protocol, per_connection: usize) -> (SocketAddr, Processed) {
+/// `per_connection` requests (nginx's `keepalive_requests`, set low) and closes it as
+/// `close` says. The accept loop ends with the test's runtime.
+async fn draining_server(
+    protocol: Protocol,
+    per_connection: usize,
+    close: Close,
+) -> (SocketAddr, Processed) {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let processed = Processed::default();
@@ -80,7 +188,10 @@ async fn draining_server(protocol: Protocol, per_connection: usize) -> (SocketAd
                     Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok"))))
                 }
             });
-            let io = TokioIo::new(stream);
+            let io = TokioIo::new(ServerSocket {
+                stream: Some(stream),
+                close,
+            });
             tokio::spawn(async move {
                 match protocol {
                     Protocol::Http1 => {
@@ -145,18 +256,22 @@ fn stormguard(protocol: Protocol, policy: RetryPolicy, breaker: CircuitBreaker) 
     )
 }
 
-/// Whether a request whose attempt got no answer within the per-attempt timeout may fail
-/// at the caller.
-#[derive(Clone, Copy, PartialEq)]
-enum Stalls {
-    /// Every failure fails the test.
-    Fail,
-    /// Behind nginx over HTTP/2, now and then every stream of one connection gets no
-    /// answer for 10 s and more (2 runs of 100 in docs/checking.md; cause not found). A
-    /// timed-out attempt may have been processed, so a POST is not sent again, and a GET's
-    /// retries may meet the budget: those failures are the stall's, counted under the 1%
-    /// bound, and every other failure still fails the test.
-    Tolerated,
+/// The failures at the caller a test tolerates (within the 1% bound of lost responses);
+/// every other failure fails the test.
+#[derive(Clone, Copy)]
+struct Tolerated {
+    /// A request whose attempt got no answer within the per-attempt timeout. Now and
+    /// then every stream hyper-util's HTTP/2 client hands a connection around a drain
+    /// gets no answer at all (1 or 2 runs in 100 against the lingering server here, 2 or
+    /// 3 in 100 behind nginx; docs/checking.md): the requests never reach the server,
+    /// and the caller waits the whole timeout. The same hang is reqwest's open issue
+    /// 1323. A timed-out attempt may have been processed, so a POST is not sent again.
+    stalls: bool,
+    /// A POST in flight when the server's abrupt close ([`Close::Abrupt`]) reset the
+    /// connection: it may have been processed (its response discarded by the reset) or
+    /// not (its stream above the GOAWAY's last id, the reset read before the GOAWAY).
+    /// Nothing tells the two apart, so it is not sent again.
+    reset_posts: bool,
 }
 
 /// What the caller saw: the ids of the requests that failed (and of those whose last
@@ -259,11 +374,15 @@ fn assert_refusals_alone_never_open(breaker: &CircuitBreaker) {
     );
 }
 
-async fn drain_test(protocol: Protocol, per_connection: usize) {
-    let plain = draining_server(protocol, per_connection).await;
-    let ours = draining_server(protocol, per_connection).await;
-    let server = format!("server drains every {per_connection}");
-    compare(protocol, &server, Stalls::Fail, plain, ours).await;
+async fn drain_test(protocol: Protocol, per_connection: usize, close: Close) {
+    let plain = draining_server(protocol, per_connection, close).await;
+    let ours = draining_server(protocol, per_connection, close).await;
+    let server = format!("server drains every {per_connection}, {close:?} close");
+    let tolerated = Tolerated {
+        stalls: true,
+        reset_posts: close == Close::Abrupt,
+    };
+    compare(protocol, &server, tolerated, plain, ours).await;
 }
 
 /// Sends the same requests without retries to `plain` and through stormguard's defaults
@@ -272,7 +391,7 @@ async fn drain_test(protocol: Protocol, per_connection: usize) {
 async fn compare(
     protocol: Protocol,
     server: &str,
-    stalls: Stalls,
+    tolerated: Tolerated,
     (plain_addr, plain_processed): (SocketAddr, Processed),
     (addr, processed): (SocketAddr, Processed),
 ) {
@@ -289,16 +408,21 @@ async fn compare(
     let failures = run(stormguard(protocol, policy.clone(), breaker.clone()), addr).await;
     let (posts_twice, gets_twice) = processed_twice(&processed);
     let processed = processed.lock().expect("lock");
-    // A failure of a request the server did process (its response lost as the
-    // connection closed) is not the client's to repair when it is a POST: it may not be
-    // sent again. Every other failure must have been retried away.
-    let unprocessed: Vec<u64> = failures
+    let excused = |id: &u64| {
+        let stalled = failures.timed_out.contains(id);
+        (tolerated.stalls && stalled) || (tolerated.reset_posts && id % 2 == 1 && !stalled)
+    };
+    let unexcused: Vec<u64> = failures
         .ids
         .iter()
         .copied()
-        .filter(|id| !processed.contains_key(id))
-        .filter(|id| stalls == Stalls::Fail || !failures.timed_out.contains(id))
+        .filter(|id| !excused(id))
         .collect();
+    let unprocessed = failures
+        .ids
+        .iter()
+        .filter(|id| !processed.contains_key(id))
+        .count();
     let stalled = failures.timed_out.len();
     let stats = policy.stats();
     println!(
@@ -312,7 +436,7 @@ async fn compare(
          breaker: {:?}; failed ids {:?}, the first: {:?}",
         plain.ids.len(),
         failures.ids.len(),
-        unprocessed.len(),
+        unprocessed,
         stats.transparent_retries,
         stats.retries,
         stats.budget_denied,
@@ -324,10 +448,10 @@ async fn compare(
     );
     assert_refusals_alone_never_open(&breaker);
     assert_eq!(
-        unprocessed,
+        unexcused,
         Vec::<u64>::new(),
-        "every request the server never processed succeeds with the default policy \
-         ({stats:?}; {:?})",
+        "no request fails at the caller with the default policy but those the test \
+         tolerates ({stats:?}; {:?})",
         failures.first
     );
     assert!(
@@ -352,35 +476,39 @@ async fn compare(
     }
     assert_eq!(
         (0..REQUESTS)
-            .filter(|id| processed.contains_key(id) || failures.timed_out.contains(id))
+            .filter(|id| processed.contains_key(id) || excused(id))
             .count() as u64,
         REQUESTS,
-        "every request was processed"
+        "every request was processed but those whose failure the test tolerates"
     );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http2_goaway_drains_every_20_never_reach_the_caller() {
-    drain_test(Protocol::Http2, 20).await;
+    drain_test(Protocol::Http2, 20, Close::Lingering).await;
 }
 
-// The drains every 10 double the drains, and the rare broken-pipe failures with them
-// (docs/checking.md has a hundred runs of each): run with `-- --ignored`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "twice the drains of the every-20 test; run by hand, see docs/checking.md"]
 async fn http2_goaway_drains_every_10_never_reach_the_caller() {
-    drain_test(Protocol::Http2, 10).await;
+    drain_test(Protocol::Http2, 10, Close::Lingering).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http1_connection_drains_every_20_never_reach_the_caller() {
-    drain_test(Protocol::Http1, 20).await;
+    drain_test(Protocol::Http1, 20, Close::Lingering).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "twice the drains of the every-20 test; run by hand, see docs/checking.md"]
 async fn http1_connection_drains_every_10_never_reach_the_caller() {
-    drain_test(Protocol::Http1, 10).await;
+    drain_test(Protocol::Http1, 10, Close::Lingering).await;
+}
+
+/// A server that closes a drained connection at once loses responses to the reset: a
+/// POST in flight then fails at the caller (processed or not, nothing says), and every
+/// other request is retried away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_abrupt_close_fails_only_posts_the_reset_caught() {
+    drain_test(Protocol::Http2, 10, Close::Abrupt).await;
 }
 
 /// How a server written on the `h2` crate treats the streams it takes.
@@ -680,15 +808,19 @@ impl Drop for Nginx {
 
 /// nginx in front of a recording server that never drains: the drains are nginx's own.
 async fn nginx_test(protocol: Protocol) -> Result<(), BoxError> {
-    let (plain_backend, plain_processed) = draining_server(Protocol::Http1, usize::MAX).await;
-    let (backend, processed) = draining_server(Protocol::Http1, usize::MAX).await;
+    let (plain_backend, plain_processed) =
+        draining_server(Protocol::Http1, usize::MAX, Close::Lingering).await;
+    let (backend, processed) = draining_server(Protocol::Http1, usize::MAX, Close::Lingering).await;
     let plain_nginx = Nginx::start(protocol, plain_backend).await?;
     let nginx = Nginx::start(protocol, backend).await?;
     let server = format!("nginx drains every {NGINX_KEEPALIVE_REQUESTS} (keepalive_requests)");
     compare(
         protocol,
         &server,
-        Stalls::Tolerated,
+        Tolerated {
+            stalls: true,
+            reset_posts: false,
+        },
         (plain_nginx.addr, plain_processed),
         (nginx.addr, processed),
     )
