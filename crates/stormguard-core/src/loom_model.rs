@@ -12,7 +12,8 @@
 //! operations (up to the preemption bound), checking the invariants the docs promise:
 //! retries granted <= ratio x deposits + floor, with no per-thread slack; a charge is
 //! never lost to the roll-over that carries its bucket out of the window; the pace
-//! grants exactly the tokens it holds; and never more probes in flight than `probes`.
+//! grants exactly the tokens it holds; never more probes in flight than `probes`; and a
+//! failed probe re-opens the circuit whatever races it.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -260,6 +261,30 @@ fn breaker_released_probe_frees_exactly_one_slot() {
             .map(|h| h.join().expect("no panic"))
             .sum();
         assert!(held <= 1, "{held} probes held at once for 1 slot");
+    });
+}
+
+/// A failed probe re-opens the circuit even while another caller takes a probe slot:
+/// the slot's compare-and-swap may land between the failure's read of the circuit and
+/// its own swap, which must then be tried again, not given up.
+#[test]
+fn breaker_failed_probe_reopens_while_a_slot_is_taken() {
+    model("breaker_failed_probe_reopens_while_a_slot_is_taken", || {
+        let (breaker, later) = tripped(2);
+        let failing = breaker.try_acquire(later).expect("probe");
+        let failer = {
+            let breaker = breaker.clone();
+            thread::spawn(move || {
+                breaker.record(failing, Outcome::Failure, later);
+            })
+        };
+        let taker = {
+            let breaker = breaker.clone();
+            thread::spawn(move || drop(breaker.try_acquire(later)))
+        };
+        failer.join().expect("no panic");
+        taker.join().expect("no panic");
+        assert_eq!(breaker.state(later), CircuitState::Open);
     });
 }
 

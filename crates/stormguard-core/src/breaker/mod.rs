@@ -767,6 +767,161 @@ mod tests {
     }
 
     #[test]
+    fn names_settings_and_debug_read_back() {
+        let names = [Closed, Open, HalfOpen, Isolated].map(|s| (s.as_str(), s.to_string()));
+        assert_eq!(
+            names.map(|(name, shown)| {
+                assert_eq!(name, shown);
+                name
+            }),
+            ["closed", "open", "half-open", "isolated"]
+        );
+        assert_eq!(
+            Transition {
+                from: HalfOpen,
+                to: Closed
+            }
+            .to_string(),
+            "half-open -> closed"
+        );
+        let b = breaker(config().probes(3));
+        assert_eq!(b.config().probes(), 3);
+        assert_eq!(b.config(), &config().probes(3).build().expect("valid"));
+        let shown = format!("{b:?}");
+        assert!(
+            shown.starts_with("Breaker { state: Closed, probes_in_flight: 0, config: ")
+                && shown.contains("probes: 3"),
+            "{shown}"
+        );
+    }
+
+    #[test]
+    fn the_window_may_be_up_to_365_days_inclusive() {
+        let year = Duration::from_secs(365 * 86_400);
+        assert!(BreakerConfig::builder().window(year).build().is_ok());
+        assert!(BreakerConfig::builder()
+            .window(year + Duration::from_nanos(1))
+            .build()
+            .is_err());
+    }
+
+    #[test]
+    fn an_outcome_on_the_edge_of_a_bucket_counts_in_the_later_one() {
+        // One-second buckets: a failure at exactly 1 s is in the second bucket, so it is
+        // still in the window 10 s after the origin, when the first bucket has left it.
+        let w = window::Window::new(Duration::from_secs(10));
+        w.record(0, true);
+        w.record(SEC.as_nanos() as u64, true);
+        assert_eq!(w.sum(9), (2, 2));
+        assert_eq!(w.sum(10), (1, 1));
+        assert_eq!(w.sum(11), (0, 0));
+    }
+
+    #[test]
+    fn an_outcome_from_behind_the_newest_bucket_counts_in_it() {
+        // After a call at 5 s, one reported at 3 s (a slow clock read, say) is counted
+        // with the newest bucket and leaves the window with it.
+        let w = window::Window::new(Duration::from_secs(10));
+        w.record(5 * SEC.as_nanos() as u64, false);
+        w.record(3 * SEC.as_nanos() as u64, true);
+        assert_eq!(w.sum(5), (2, 1));
+        assert_eq!(w.sum(14), (2, 1));
+        assert_eq!(w.sum(15), (0, 0));
+    }
+
+    #[test]
+    fn a_bucket_stops_counting_at_its_cap_and_keeps_its_ratio() {
+        let w = window::Window::new(Duration::from_secs(10));
+        let cap = 1u64 << 21;
+        for i in 0..cap + 5 {
+            w.record(0, i % 2 == 0);
+        }
+        assert_eq!(w.sum(0), (cap, cap / 2));
+    }
+
+    #[test]
+    fn calls_from_a_closed_period_are_ignored_after_the_circuit_closes_again() {
+        // Ten calls start while closed and end, failed, only after the circuit has
+        // tripped and closed twice: the new closed period ignores them.
+        let b = breaker(config());
+        let mut now = Instant::now();
+        let stale: Vec<Permit> = (0..10)
+            .map(|_| b.try_acquire(now).expect("closed"))
+            .collect();
+        for _ in 0..2 {
+            tripped(&b, now);
+            now += SEC * 5;
+            let probe = b.try_acquire(now).expect("probe");
+            assert_eq!(b.record(probe, Outcome::Success, now), t(HalfOpen, Closed));
+        }
+        for permit in stale {
+            assert_eq!(b.record(permit, Outcome::Failure, now), None);
+        }
+        assert_eq!(b.state(now), Closed);
+        assert_eq!(b.window.sum(0), (0, 0));
+    }
+
+    #[test]
+    fn probes_of_an_earlier_half_open_period_take_no_slot_and_close_nothing() {
+        let b = breaker(config().probes(3));
+        let t0 = Instant::now();
+        tripped(&b, t0);
+        let now = t0 + SEC * 5;
+        let old_ignored = b.try_acquire(now).expect("probe");
+        let old_success = b.try_acquire(now).expect("probe");
+        let failed = b.try_acquire(now).expect("probe");
+        assert_eq!(b.record(failed, Outcome::Failure, now), t(HalfOpen, Open));
+        // The failed probe doubled the break.
+        let later = now + SEC * 10;
+        let p1 = b.try_acquire(later).expect("probe");
+        let p2 = b.try_acquire(later).expect("probe");
+        assert!(b.check(later).is_ok(), "a third slot is free");
+        let p3 = b.try_acquire(later).expect("probe");
+        assert!(b.check(later).is_err());
+        // The earlier period's probes end now: neither frees a slot of this one, nor
+        // counts toward closing it.
+        assert_eq!(b.record(old_ignored, Outcome::Ignored, later), None);
+        assert!(b.try_acquire(later).is_err(), "no slot freed");
+        assert_eq!(b.record(old_success, Outcome::Success, later), None);
+        assert_eq!(b.record(p1, Outcome::Success, later), None);
+        // A success keeps its slot.
+        assert!(b.check(later).is_err());
+        assert!(b.try_acquire(later).is_err());
+        assert_eq!(b.record(p2, Outcome::Success, later), None);
+        assert_eq!(b.state(later), HalfOpen);
+        assert_eq!(b.record(p3, Outcome::Success, later), t(HalfOpen, Closed));
+    }
+
+    #[test]
+    fn each_break_draws_its_own_stretch() {
+        // Breaks of a fixed 5 s (the cap is the base): what differs between them is the
+        // jitter alone, drawn afresh for each.
+        let b = Breaker::with_seed(
+            config()
+                .jitter(0.2)
+                .max_break_duration(SEC * 5)
+                .build()
+                .expect("valid"),
+            1,
+        );
+        let mut now = Instant::now();
+        tripped(&b, now);
+        let mut breaks = Vec::new();
+        for _ in 0..8 {
+            let remaining = b.try_acquire(now).expect_err("open").remaining;
+            assert!(remaining >= SEC * 5 && remaining <= (SEC * 5).mul_f64(1.2));
+            breaks.push(remaining);
+            now += remaining;
+            let probe = b.try_acquire(now).expect("probe");
+            assert_eq!(b.record(probe, Outcome::Failure, now), t(HalfOpen, Open));
+        }
+        let mut distinct = breaks.clone();
+        distinct.sort();
+        distinct.dedup();
+        assert_eq!(distinct.len(), breaks.len(), "{breaks:?}");
+    }
+
+    #[test]
     fn concurrent_callers_race_for_exactly_the_probe_slots() {
         for probes in [1, 3, 7] {
             let b = Arc::new(breaker(config().probes(probes)));
