@@ -123,7 +123,7 @@
 //! sent again on a broken pipe, so such a server loses a few POSTs per drain burst, which
 //! only an `Idempotency-Key` (or the `Idempotent` extension) saves. Now and then every
 //! stream hyper-util's HTTP/2 client hands one connection around a drain gets no answer
-//! at all, never reaching the server, until the per-attempt timeout (1 or 2 runs in 100;
+//! at all, never reaching the server, until the per-attempt timeout (1 to 4 runs in 100;
 //! reqwest's open issue 1323 is the same hang): a timed-out POST is not sent again, a GET
 //! is. And against a server that acts on a request's head before reading its body, a
 //! POST is now and then processed twice: when a GOAWAY arrives just after hyper 1's
