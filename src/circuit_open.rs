@@ -13,7 +13,8 @@ use stormguard_core::breaker::CircuitState;
 /// Find it with `err.downcast_ref::<CircuitOpen>()`. The retry layer waits out a break
 /// that ends before the backoff's next wait: a refused retry without counting it as an
 /// attempt, up to as many refusals as the request has retries, a refused first call as
-/// a retry the budget admits. Otherwise, and for an isolated circuit, it gives up
+/// a retry the budget admits; either is sent again spread over the circuit's age
+/// ([`open_for`](Self::open_for)). Otherwise, and for an isolated circuit, it gives up
 /// (`GiveUp::CircuitOpen`); see the [`retry` module](crate::retry#an-open-circuit-below).
 ///
 /// ```
@@ -25,11 +26,15 @@ use stormguard_core::breaker::CircuitState;
 /// let open = err.downcast_ref::<CircuitOpen>().expect("a CircuitOpen");
 /// assert_eq!(open.remaining(), Duration::from_secs(3));
 /// assert_eq!(err.to_string(), "circuit breaker open: next probe in 3s");
+/// assert_eq!(open.open_for(), Duration::ZERO);
+/// let older = CircuitOpen::new(Duration::from_secs(3)).with_open_for(Duration::from_secs(9));
+/// assert_eq!(older.open_for(), Duration::from_secs(9));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CircuitOpen {
     pub(crate) remaining: Duration,
     pub(crate) state: CircuitState,
+    pub(crate) open_for: Duration,
 }
 
 impl CircuitOpen {
@@ -38,7 +43,20 @@ impl CircuitOpen {
         CircuitOpen {
             remaining,
             state: CircuitState::Open,
+            open_for: Duration::ZERO,
         }
+    }
+
+    /// The same refusal from a circuit that has been open for `open_for`.
+    pub fn with_open_for(self, open_for: Duration) -> Self {
+        CircuitOpen { open_for, ..self }
+    }
+
+    /// How long the circuit had been away from Closed when it refused the call: the
+    /// age of its backlog, over which the retry layer spreads the refused calls it sends
+    /// again (see [`backlog_wait`](stormguard_core::breaker::backlog_wait)).
+    pub fn open_for(&self) -> Duration {
+        self.open_for
     }
 
     /// How long until the break is over and a probe may go through. Zero when the

@@ -98,13 +98,14 @@ pub(crate) fn classify_error<E: 'static>(err: &E) -> ErrorClass {
     }
 }
 
-/// The break left of a [`CircuitOpen`](crate::circuit_open::CircuitOpen) in `err`'s source
-/// chain; `None` for an isolated circuit, which stays open until reset.
-pub(crate) fn circuit_open_remaining<E: 'static>(err: &E) -> Option<std::time::Duration> {
+/// The [`CircuitOpen`](crate::circuit_open::CircuitOpen) in `err`'s source chain; `None`
+/// for an isolated circuit, which stays open until reset.
+pub(crate) fn circuit_open_refusal<E: 'static>(
+    err: &E,
+) -> Option<&crate::circuit_open::CircuitOpen> {
     sources(as_std_error(err)?)
         .find_map(|err| err.downcast_ref::<crate::circuit_open::CircuitOpen>())
         .filter(|open| open.state() != stormguard_core::breaker::CircuitState::Isolated)
-        .map(crate::circuit_open::CircuitOpen::remaining)
 }
 
 /// `err` as a `std` error, when it is a boxed error or one of the types recognised.

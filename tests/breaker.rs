@@ -480,6 +480,7 @@ fn blip_client(
     use stormguard::{Backoff, Jitter, RetryLayer, RetryPolicy};
     let policy = RetryPolicy::builder()
         .backoff(Backoff::new(10 * MS, BREAK, Jitter::None).expect("backoff"))
+        .seed(1)
         .build()
         .expect("policy");
     let (mock, handle) = mock::pair::<Req, Res>();
@@ -508,15 +509,17 @@ async fn a_blip_that_opens_the_circuit_costs_a_request_none_of_its_attempts() {
     let started = Instant::now();
     let call = tokio::spawn(client.oneshot(Request::new(())));
     // Two 503s (at 0 and 10 ms) open the circuit until 35 ms; the retry at 30 ms meets
-    // it 5 ms before its break ends and waits out the next backoff (40 ms): the call it
-    // sends then is the probe, and succeeds. With refusals counted as attempts, the
+    // it 5 ms before its break ends and waits out the next backoff (40 ms), or longer,
+    // up to the break's end plus four times the circuit's age (5 + 4 x 20 ms): the call
+    // it sends then is the probe, and succeeds. With refusals counted as attempts, the
     // request would have ended at 30 ms, its three attempts spent, in a blip already over.
     for _ in 0..2 {
         let (_, send) = next_request(&mut handle).await;
         send.send_response(response(503));
     }
     let (_, send) = next_request(&mut handle).await;
-    assert_eq!(Instant::now() - started, 70 * MS);
+    let waited = Instant::now() - started - 30 * MS;
+    assert!(waited >= 40 * MS && waited <= 85 * MS, "waited {waited:?}");
     send.send_response(response(200));
     let res = call.await.expect("task").expect("served");
     assert_eq!(res.status(), StatusCode::OK);
@@ -544,12 +547,15 @@ async fn a_circuit_that_keeps_refusing_ends_the_request_after_as_many_refusals_a
     let (mut other, mut other_handle) = service(&breaker);
     let probe = other.ready().await.expect("ready").call(Request::new(()));
     let (_, probe_answer) = next_request(&mut other_handle).await;
-    // The retry refused at 30 ms waits 40 ms, is refused again at 70 ms (the slot is
-    // taken), waits 80 ms, and at its third refusal (150 ms) the request has waited out
-    // as many as its two retries: it ends, with no call beyond its two at the server.
+    // The retry refused at 30 ms waits 40 to 85 ms (its backoff, or up to four times
+    // the circuit's age of 20 ms after the break), is refused again at t1 (the slot is
+    // taken), waits 80 ms or up to four times the age then (t1 - 10 ms), and at its
+    // third refusal the request has waited out as many as its two retries: it ends,
+    // with no call beyond its two at the server.
     let error = call.await.expect("task").expect_err("never let through");
     assert!(error.is::<CircuitOpen>(), "{error}");
-    assert_eq!(Instant::now() - started, 150 * MS);
+    let ended = Instant::now() - started;
+    assert!(ended >= 150 * MS && ended <= 535 * MS, "ended at {ended:?}");
     assert_eq!(breaker.stats().rejected, 3);
     assert!(
         !matches!(handle.poll_request(), Poll::Ready(Some(_))),
@@ -786,4 +792,81 @@ async fn a_probe_stream_dropped_unread_frees_its_slot() {
     send.send_response(grpc_stream().0);
     future.await.expect("a response");
     assert_eq!(breaker.stats().failures, 1);
+}
+
+/// The attempts of `n` requests, one every millisecond from 0, through the library's retry
+/// layer (3 attempts, full jitter from 200 ms, a budget that never refuses) over a
+/// breaker that opens at 2 failures in a row with 25 ms breaks, to a dependency that
+/// answers 503 until `blip` and 200 after: each attempt's time at the dependency, and
+/// how many requests were served.
+async fn backlog_through_a_blip(n: u32, blip: Duration) -> (Vec<Duration>, usize) {
+    use stormguard::{RetryBudget, RetryLayer, RetryPolicy};
+    let start = Instant::now();
+    let arrivals = Arc::new(Mutex::new(Vec::new()));
+    let seen = arrivals.clone();
+    let dependency = tower::service_fn(move |_: Req| {
+        let at = Instant::now() - start;
+        seen.lock().expect("arrivals").push(at);
+        let status = if at < blip { 503 } else { 200 };
+        std::future::ready(Ok::<_, BoxError>(response(status)))
+    });
+    let policy = RetryPolicy::builder()
+        .budget(
+            RetryBudget::builder()
+                .ratio(1.0)
+                .allowance(u32::MAX)
+                .build()
+                .expect("budget"),
+        )
+        .seed(3)
+        .build()
+        .expect("policy");
+    let client = tower::ServiceBuilder::new()
+        .layer(RetryLayer::new(policy))
+        .layer(CircuitBreakerLayer::new(blip_breaker()))
+        .service(dependency);
+    let mut requests = tokio::task::JoinSet::new();
+    for i in 0..n {
+        tokio::time::sleep_until(start + MS * i).await;
+        requests.spawn(client.clone().oneshot(Request::new(())));
+    }
+    let mut served = 0;
+    while let Some(done) = requests.join_next().await {
+        if matches!(done, Ok(Ok(res)) if res.status() == StatusCode::OK) {
+            served += 1;
+        }
+    }
+    let arrivals = arrivals.lock().expect("arrivals").clone();
+    (arrivals, served)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_breaks_backlog_comes_back_spread_over_four_times_its_age() {
+    // A 300 ms blip that 100 requests per 100 ms run into: the circuit opens at once and
+    // refuses their retries and their first calls until it ends.
+    let blip = 300 * MS;
+    let (arrivals, served) = backlog_through_a_blip(300, blip).await;
+    let mut per_100ms = [0u32; 20];
+    for at in arrivals.iter().filter(|at| **at >= blip) {
+        let bucket = ((*at - blip).as_millis() / 100) as usize;
+        per_100ms[bucket.min(per_100ms.len() - 1)] += 1;
+    }
+    let after: u32 = per_100ms.iter().sum();
+    // Sent after their backoffs alone, the refused calls came back at 122 in the first
+    // 100 ms after the close (more than the rate they built up at) and 76% of them
+    // within 200 ms; spread over the circuit's age, they come back over a second.
+    assert!(
+        per_100ms.iter().all(|&n| n <= 75),
+        "attempts per 100 ms after the blip: {per_100ms:?}"
+    );
+    assert!(
+        2 * (per_100ms[0] + per_100ms[1]) <= after,
+        "attempts per 100 ms after the blip: {per_100ms:?}"
+    );
+    // And they do come back, and are served.
+    assert!(after >= 250, "attempts after the blip: {per_100ms:?}");
+    assert!(
+        served >= 250,
+        "{served} of 300 served; after the blip: {per_100ms:?}"
+    );
 }

@@ -416,6 +416,7 @@ impl CircuitBreaker {
                 Err(CircuitOpen {
                     remaining: rejected.remaining,
                     state: rejected.state,
+                    open_for: rejected.open_for,
                 })
             }
         }
@@ -429,11 +430,13 @@ impl CircuitBreaker {
             Err(rejected) => CircuitOpen {
                 remaining: rejected.remaining,
                 state: rejected.state,
+                open_for: rejected.open_for,
             },
             // The break ended in between: the caller may come again at once.
             Ok(()) => CircuitOpen {
                 remaining: Duration::ZERO,
                 state: self.state(),
+                open_for: Duration::ZERO,
             },
         }
     }
@@ -684,6 +687,7 @@ mod tests {
         let open = |state| CircuitOpen {
             remaining: Duration::from_millis(1500),
             state,
+            open_for: Duration::from_secs(3),
         };
         assert_eq!(
             open(CircuitState::Open).to_string(),

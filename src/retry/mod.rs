@@ -137,7 +137,15 @@
 //!
 //! A call that a [`CircuitBreaker`](crate::CircuitBreaker) below refuses never left the
 //! client. When the break ends before the request's next backoff would, the call is
-//! sent again after that backoff (the circuit admits its probe meanwhile):
+//! sent again after that backoff (the circuit admits its probe meanwhile), or, if later,
+//! at a random point between the end of the break and four times as long after it as
+//! the circuit has been open ([`backlog_wait`](stormguard_core::breaker::backlog_wait),
+//! never past the backoff's cap). The calls a circuit refused are a backlog that wants
+//! to be sent the moment it closes: sent after their backoffs alone, a 300 ms blip's
+//! came back within 200 ms of the close, at twice the healthy rate, and their timeouts
+//! opened the circuit again and spent the budget of the next blip (the storm's `blip`:
+//! 29–39% of the requests sent in a blip served). Spread over four times its age, a
+//! backlog comes back at a quarter of the rate it built up at (93% served):
 //!
 //! - a **retry** refused is moved, not spent: it is sent again without counting as an
 //!   attempt or asking the budget again (its admission stands, charged as wasted if it

@@ -11,7 +11,7 @@ use rand::{RngExt, SeedableRng};
 use stormguard_core::classify::{GrpcCodeSet, Rules, GRPC_PREVIOUS_RPC_ATTEMPTS, X_ATTEMPT_COUNT};
 use stormguard_core::deadline::{grpc_timeout_value, Deadline};
 use stormguard_core::methods::MAX_ATTEMPTS as GRPC_MAX_ATTEMPTS;
-use stormguard_core::{Backoff, Class, RetryBudget, Schedule};
+use stormguard_core::{breaker, Backoff, Class, RetryBudget, Schedule};
 
 use crate::error_class::{classify_error, ErrorClass};
 use crate::give_up::GiveUp;
@@ -461,6 +461,19 @@ impl RetryPolicy {
         })
     }
 
+    /// The wait of a call an open circuit refused, whose backoff drew `delay`.
+    fn backlog_wait(
+        &mut self,
+        backoff: Backoff,
+        delay: Duration,
+        remaining: Duration,
+        open_for: Duration,
+    ) -> Duration {
+        let draw: f64 = self.streams(backoff).rng.random();
+        // Never past the backoff's cap, unless the backoff itself drew more.
+        breaker::backlog_wait(delay, remaining, open_for, draw).min(backoff.cap().max(delay))
+    }
+
     fn next_backoff(&mut self, backoff: Backoff) -> Duration {
         self.streams(backoff)
             .schedule
@@ -592,18 +605,25 @@ where
                     // an attempt: so a circuit that stays open fails new requests fast
                     // once the budget is spent, instead of piling them up for the
                     // moment it closes.
-                    let remaining = crate::error_class::circuit_open_remaining(err);
+                    // The wait spreads the circuit's backlog over a span that grows
+                    // with its age, so that the calls it refused do not all come back
+                    // the moment it closes (`backlog_wait`).
+                    let refusal = crate::error_class::circuit_open_refusal(err)
+                        .map(|open| (open.remaining(), open.open_for()));
                     let delay = self.next_backoff(limits.backoff);
                     let retries = limits.max_attempts.saturating_sub(1);
                     let sent = self.attempts > 0;
-                    match remaining {
-                        Some(remaining)
+                    match refusal {
+                        Some((remaining, open_for))
                             if remaining <= delay && sent && u32::from(self.refusals) < retries =>
                         {
-                            return self.wait_out_break(req, result, delay)
+                            let wait =
+                                self.backlog_wait(limits.backoff, delay, remaining, open_for);
+                            return self.wait_out_break(req, result, wait);
                         }
-                        Some(remaining) if remaining <= delay && !sent => {
-                            after_break = Some(delay);
+                        Some((remaining, open_for)) if remaining <= delay && !sent => {
+                            after_break =
+                                Some(self.backlog_wait(limits.backoff, delay, remaining, open_for));
                             (Class::Retryable { after: None }, true, false)
                         }
                         _ => {

@@ -35,7 +35,7 @@ use std::time::{Duration, Instant, SystemTime};
 use http::{HeaderMap, StatusCode};
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
-use stormguard_core::breaker::{CircuitState, Outcome, Permit};
+use stormguard_core::breaker::{backlog_wait, CircuitState, Outcome, Permit};
 use stormguard_core::classify::Rules;
 use stormguard_core::{Class, Schedule};
 
@@ -502,11 +502,25 @@ impl Fleet {
                             let may_wait = !first
                                 && rejected.state != CircuitState::Isolated
                                 && waited + 1 < self.strategy.attempts;
+                            // Sent again spread over the circuit's age, as the retry
+                            // layer does (`backlog_wait`), never past the backoff's cap.
                             let delay = may_wait.then(|| self.delay(req));
                             match delay {
                                 Some(delay) if rejected.remaining <= delay => {
+                                    let draw: f64 = self.rng.random();
+                                    let cap = match self.strategy.backoff {
+                                        BackoffKind::Core(b) => b.cap().max(delay),
+                                        _ => delay,
+                                    };
+                                    let wait = backlog_wait(
+                                        delay,
+                                        rejected.remaining,
+                                        rejected.open_for,
+                                        draw,
+                                    )
+                                    .min(cap);
                                     self.requests[req as usize].refusals += 1;
-                                    self.push(t + delay.as_nanos() as u64, Kind::Retry(req));
+                                    self.push(t + wait.as_nanos() as u64, Kind::Retry(req));
                                 }
                                 _ => self.finish(req, false),
                             }

@@ -35,6 +35,9 @@ pub struct Breaker {
     /// When the current break ends, in nanoseconds since the origin. Written before the
     /// Open word is published, under the lock.
     open_until: AtomicU64,
+    /// When the circuit last left Closed, in nanoseconds since the origin. Written
+    /// before the Open word is published, under the lock; failed probes keep it.
+    opened_at: AtomicU64,
     consecutive: AtomicU32,
     pub(super) window: Window,
     origin: OnceLock<Instant>,
@@ -67,6 +70,7 @@ impl Breaker {
             config,
             word: AtomicU64::new(Word::new(CircuitState::Closed, 0).0),
             open_until: AtomicU64::new(0),
+            opened_at: AtomicU64::new(0),
             consecutive: AtomicU32::new(0),
             origin: OnceLock::new(),
             seed,
@@ -118,6 +122,7 @@ impl Breaker {
                         remaining: Duration::ZERO,
                         state: CircuitState::Isolated,
                         transition,
+                        open_for: Duration::ZERO,
                     })
                 }
                 CircuitState::Open => {
@@ -128,6 +133,7 @@ impl Breaker {
                             remaining,
                             state: CircuitState::Open,
                             transition,
+                            open_for: self.open_for(now),
                         });
                     }
                     if let Some(t) = self.half_open(word, now) {
@@ -141,6 +147,7 @@ impl Breaker {
                             remaining: Duration::ZERO,
                             state: CircuitState::HalfOpen,
                             transition,
+                            open_for: self.open_for(now()),
                         });
                     }
                     match self.word.compare_exchange_weak(
@@ -173,25 +180,31 @@ impl Breaker {
     /// it: a Closed circuit answers without looking at the clock.
     pub fn check_with(&self, now: impl FnOnce() -> Instant) -> Result<(), Rejected> {
         let word = self.load();
-        let rejected = |remaining, state| {
+        let rejected = |remaining, state, open_for| {
             Err(Rejected {
                 remaining,
                 state,
                 transition: None,
+                open_for,
             })
         };
         match word.state() {
             CircuitState::Closed => Ok(()),
-            CircuitState::Isolated => rejected(Duration::ZERO, CircuitState::Isolated),
-            CircuitState::Open => match self.remaining(now()) {
-                remaining if remaining.is_zero() => Ok(()),
-                remaining => rejected(remaining, CircuitState::Open),
-            },
+            CircuitState::Isolated => {
+                rejected(Duration::ZERO, CircuitState::Isolated, Duration::ZERO)
+            }
+            CircuitState::Open => {
+                let now = now();
+                match self.remaining(now) {
+                    remaining if remaining.is_zero() => Ok(()),
+                    remaining => rejected(remaining, CircuitState::Open, self.open_for(now)),
+                }
+            }
             CircuitState::HalfOpen => {
                 if word.in_flight() + word.successes() < self.config.probes {
                     Ok(())
                 } else {
-                    rejected(Duration::ZERO, CircuitState::HalfOpen)
+                    rejected(Duration::ZERO, CircuitState::HalfOpen, self.open_for(now()))
                 }
             }
         }
@@ -390,8 +403,12 @@ impl Breaker {
     fn open(&self, word: Word, breaks: &Breaks, now: Instant) -> Option<Transition> {
         let next_generation = (word.generation() + 1) & GENERATION_MASK;
         let length = self.break_length(breaks.retrips, next_generation);
-        let until = self.nanos(now).saturating_add(length);
-        self.open_until.store(until, Ordering::Release);
+        let at = self.nanos(now);
+        if word.state() == CircuitState::Closed {
+            self.opened_at.store(at, Ordering::Release);
+        }
+        self.open_until
+            .store(at.saturating_add(length), Ordering::Release);
         self.consecutive.store(0, Ordering::Relaxed);
         self.publish(word, CircuitState::Open)
     }
@@ -448,6 +465,12 @@ impl Breaker {
                 }
             }
         }
+    }
+
+    /// How long the circuit has been away from Closed at `now` (Open or HalfOpen).
+    fn open_for(&self, now: Instant) -> Duration {
+        let at = self.opened_at.load(Ordering::Acquire);
+        Duration::from_nanos(self.nanos(now).saturating_sub(at))
     }
 
     fn remaining(&self, now: Instant) -> Duration {
