@@ -93,9 +93,11 @@
 //!   [`CircuitOpen`]: an outage costs the dependency nothing. The retry layer retries a
 //!   `CircuitOpen` only when its break ends before the backoff's next wait would anyway
 //!   (the default 25 ms breaks, against waits of up to 200 ms and 400 ms), and then after
-//!   that wait: the circuit admits its probe meanwhile, so the retry adds no load, and a
-//!   short blip's requests are not lost to the breaker. A longer break fails at once,
-//!   straight back to the caller instead of queueing retries behind an open circuit.
+//!   that wait, or later, spread over up to four times as long as the circuit has been
+//!   open (so that what it refused does not come back at once as it closes; see the
+//!   [`retry` module](crate::retry#an-open-circuit-below)): the circuit admits its probe
+//!   meanwhile, so the retry adds no load, and a short blip's requests are not lost to
+//!   the breaker. A longer break fails at once, straight back to the caller.
 //! - **Above the per-attempt timeout.** A timeout is an error from the inner service and
 //!   counts as a failure, which the retry layer may retry. Were the timeout outside the
 //!   breaker, a hung call would simply be dropped, and a dropped call counts as nothing

@@ -139,13 +139,15 @@
 //! client. When the break ends before the request's next backoff would, the call is
 //! sent again after that backoff (the circuit admits its probe meanwhile), or, if later,
 //! at a random point between the end of the break and four times as long after it as
-//! the circuit has been open ([`backlog_wait`](stormguard_core::breaker::backlog_wait),
-//! never past the backoff's cap). The calls a circuit refused are a backlog that wants
-//! to be sent the moment it closes: sent after their backoffs alone, a 300 ms blip's
-//! came back within 200 ms of the close, at twice the healthy rate, and their timeouts
+//! the circuit has been open ([`backlog_wait`](stormguard_core::breaker::backlog_wait);
+//! that span is cut to end at the backoff's cap, or at the request's deadline if sooner,
+//! so the spread never ends a request that its backoff alone would not). The calls a
+//! circuit refused are a backlog that wants to be sent the moment it closes: sent after
+//! their backoffs alone, a 300 ms blip's came back within 200 ms of the close, at 94–102
+//! attempts per 100 ms against a healthy 52 and a capacity of 80, and their timeouts
 //! opened the circuit again and spent the budget of the next blip (the storm's `blip`:
 //! 29–39% of the requests sent in a blip served). Spread over four times its age, a
-//! backlog comes back at a quarter of the rate it built up at (93% served):
+//! backlog comes back at about a quarter of the rate it built up at (93% served):
 //!
 //! - a **retry** refused is moved, not spent: it is sent again without counting as an
 //!   attempt or asking the budget again (its admission stands, charged as wasted if it
@@ -159,7 +161,11 @@
 //!
 //! A longer break, or an isolated circuit, ends the request at once with
 //! [`CircuitOpen`](crate::CircuitOpen) (reason `circuit_open`). The request's deadline
-//! bounds every wait.
+//! bounds every wait. Without one, a request refused by a circuit open for seconds can
+//! wait up to the backoff's cap (20 s) at each refusal it waits out (its first call's and
+//! one per retry), and then end with `CircuitOpen` if the circuit is still open: give
+//! requests a deadline (the [standard stack](crate::stack) does, 30 s by default) where a
+//! caller must not wait that long.
 //!
 //! # Deadlines
 //!

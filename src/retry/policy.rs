@@ -461,7 +461,9 @@ impl RetryPolicy {
         })
     }
 
-    /// The wait of a call an open circuit refused, whose backoff drew `delay`.
+    /// The wait of a call an open circuit refused, whose backoff drew `delay`: spread
+    /// over the circuit's age up to the backoff's cap, or up to the request's deadline
+    /// if sooner (the deadline must have been read).
     fn backlog_wait(
         &mut self,
         backoff: Backoff,
@@ -469,9 +471,18 @@ impl RetryPolicy {
         remaining: Duration,
         open_for: Duration,
     ) -> Duration {
+        let now = tokio::time::Instant::now().into_std();
+        let limit = match self.deadline() {
+            // An attempt must start strictly before the deadline.
+            Some(deadline) => backoff.cap().min(
+                deadline
+                    .remaining(now)
+                    .saturating_sub(Duration::from_nanos(1)),
+            ),
+            None => backoff.cap(),
+        };
         let draw: f64 = self.streams(backoff).rng.random();
-        // Never past the backoff's cap, unless the backoff itself drew more.
-        breaker::backlog_wait(delay, remaining, open_for, draw).min(backoff.cap().max(delay))
+        breaker::backlog_wait(delay, remaining, open_for, limit, draw)
     }
 
     fn next_backoff(&mut self, backoff: Backoff) -> Duration {
@@ -617,11 +628,13 @@ where
                         Some((remaining, open_for))
                             if remaining <= delay && sent && u32::from(self.refusals) < retries =>
                         {
+                            self.read_deadline(req);
                             let wait =
                                 self.backlog_wait(limits.backoff, delay, remaining, open_for);
                             return self.wait_out_break(req, result, wait);
                         }
                         Some((remaining, open_for)) if remaining <= delay && !sent => {
+                            self.read_deadline(req);
                             after_break =
                                 Some(self.backlog_wait(limits.backoff, delay, remaining, open_for));
                             (Class::Retryable { after: None }, true, false)

@@ -507,18 +507,24 @@ impl Fleet {
                             let delay = may_wait.then(|| self.delay(req));
                             match delay {
                                 Some(delay) if rejected.remaining <= delay => {
-                                    let draw: f64 = self.rng.random();
-                                    let cap = match self.strategy.backoff {
-                                        BackoffKind::Core(b) => b.cap().max(delay),
+                                    // Drawn from the request's own stream, so the
+                                    // run's shared stream (arrivals, failures) is
+                                    // the same with or without refusals.
+                                    let r = &self.requests[req as usize];
+                                    let key = u64::from(r.refusals + 1)
+                                        .wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                                    let draw: f64 = SmallRng::seed_from_u64(r.seed ^ key).random();
+                                    let limit = match self.strategy.backoff {
+                                        BackoffKind::Core(b) => b.cap(),
                                         _ => delay,
                                     };
                                     let wait = backlog_wait(
                                         delay,
                                         rejected.remaining,
                                         rejected.open_for,
+                                        limit,
                                         draw,
-                                    )
-                                    .min(cap);
+                                    );
                                     self.requests[req as usize].refusals += 1;
                                     self.push(t + wait.as_nanos() as u64, Kind::Retry(req));
                                 }

@@ -257,34 +257,41 @@ pub const BACKLOG_SPREAD: f64 = 4.0;
 
 /// How long a call the circuit refused waits before it is sent again: its `backoff`,
 /// or, if later, the end of the break plus a uniform share (`draw`, in `[0, 1]`) of
-/// [`BACKLOG_SPREAD`] times [`Rejected::open_for`].
+/// [`BACKLOG_SPREAD`] times [`Rejected::open_for`], a span cut to end by `limit` (the
+/// backoff's cap, or the time the request's deadline leaves, if sooner).
 ///
 /// Every call a circuit refuses while it is open is a call its callers still want, and
 /// the moment the circuit closes they all want it at once. Sent after their backoffs
 /// alone, a break's backlog comes back within a backoff of the close, on top of the
-/// traffic of the moment: a 300 ms blip at 520 calls/s defers about 156 calls, and at
-/// 200 ms of backoff they come back at twice the healthy rate, which a dependency at
-/// two thirds of its capacity cannot serve within a 100 ms timeout. Its timeouts trip
-/// the circuit again and spend the retry budget the next blip needed. Spread over
-/// `BACKLOG_SPREAD` times as long as they built up, a backlog comes back at a quarter
-/// of the rate it built up at, whatever the break's length, which a dependency serving
-/// up to 80% of its capacity has room for. The wait grows only with the circuit's own
-/// age: a short break costs a short wait.
+/// traffic of the moment: a 300 ms blip at 520 calls/s defers about 156 calls, and
+/// within 200 ms of backoff they come back at 1.5 times the healthy rate on top of it,
+/// which a dependency at two thirds of its capacity cannot serve within a 100 ms
+/// timeout. Its timeouts trip the circuit again and spend the retry budget the next
+/// blip needed. Spread over `BACKLOG_SPREAD` times as long as they built up, a backlog
+/// comes back at about a quarter of the rate it built up at, whatever the break's
+/// length (up to the limit), which a dependency serving up to 80% of its capacity has
+/// room for. The wait grows only with the circuit's own age: a short break costs a
+/// short wait. The limit cuts the span, not the draw, so no share of the backlog piles
+/// up at the limit; a wait cut to the deadline is still a wait the request can use.
 ///
 /// ```
 /// use std::time::Duration;
 /// use stormguard_core::breaker::backlog_wait;
 ///
 /// let ms = Duration::from_millis;
+/// let cap = Duration::from_secs(20);
 /// // A circuit open for 300 ms: the call comes back within 1.2 s after the break.
-/// assert_eq!(backlog_wait(ms(50), ms(10), ms(300), 0.5), ms(610));
+/// assert_eq!(backlog_wait(ms(50), ms(10), ms(300), cap, 0.5), ms(610));
 /// // A backoff longer than that is kept.
-/// assert_eq!(backlog_wait(ms(900), ms(10), ms(300), 0.0), ms(900));
+/// assert_eq!(backlog_wait(ms(900), ms(10), ms(300), cap, 0.0), ms(900));
+/// // A deadline 510 ms away cuts the span to 500 ms after the break.
+/// assert_eq!(backlog_wait(ms(50), ms(10), ms(300), ms(510), 0.5), ms(260));
 /// ```
 pub fn backlog_wait(
     backoff: Duration,
     remaining: Duration,
     open_for: Duration,
+    limit: Duration,
     draw: f64,
 ) -> Duration {
     let share = if draw.is_finite() {
@@ -292,8 +299,10 @@ pub fn backlog_wait(
     } else {
         0.0
     };
-    let spread = Duration::try_from_secs_f64(open_for.as_secs_f64() * BACKLOG_SPREAD * share)
-        .unwrap_or(Duration::MAX);
+    let span = Duration::try_from_secs_f64(open_for.as_secs_f64() * BACKLOG_SPREAD)
+        .unwrap_or(Duration::MAX)
+        .min(limit.saturating_sub(remaining));
+    let spread = Duration::try_from_secs_f64(span.as_secs_f64() * share).unwrap_or(span);
     backoff.max(remaining.saturating_add(spread))
 }
 
@@ -393,23 +402,42 @@ mod tests {
     #[test]
     fn a_backlog_is_spread_over_four_times_its_age_after_the_break() {
         let ms = Duration::from_millis;
+        let cap = Duration::from_secs(20);
         // The whole span: from the break's end to four times the age after it.
-        assert_eq!(backlog_wait(ms(0), ms(20), ms(300), 0.0), ms(20));
-        assert_eq!(backlog_wait(ms(0), ms(20), ms(300), 1.0), ms(1220));
-        assert_eq!(backlog_wait(ms(0), ms(20), ms(300), 0.25), ms(320));
+        assert_eq!(backlog_wait(ms(0), ms(20), ms(300), cap, 0.0), ms(20));
+        assert_eq!(backlog_wait(ms(0), ms(20), ms(300), cap, 1.0), ms(1220));
+        assert_eq!(backlog_wait(ms(0), ms(20), ms(300), cap, 0.25), ms(320));
         // The backoff, when it is the longer wait.
-        assert_eq!(backlog_wait(ms(700), ms(20), ms(100), 0.5), ms(700));
-        assert_eq!(backlog_wait(ms(700), ms(20), ms(300), 0.75), ms(920));
-        // A circuit just opened adds nothing; draws outside [0, 1] are clamped.
-        assert_eq!(backlog_wait(ms(50), ms(25), Duration::ZERO, 1.0), ms(50));
-        assert_eq!(backlog_wait(ms(0), ms(20), ms(300), 7.0), ms(1220));
-        assert_eq!(backlog_wait(ms(0), ms(20), ms(300), -1.0), ms(20));
-        assert_eq!(backlog_wait(ms(0), ms(20), ms(300), f64::NAN), ms(20));
-        // No overflow, however old the circuit.
+        assert_eq!(backlog_wait(ms(700), ms(20), ms(100), cap, 0.5), ms(700));
+        assert_eq!(backlog_wait(ms(700), ms(20), ms(300), cap, 0.75), ms(920));
+        // A circuit just opened adds nothing; draws outside [0, 1] are clamped, a NaN
+        // or an infinite draw adds nothing.
         assert_eq!(
-            backlog_wait(ms(0), Duration::MAX, Duration::MAX, 1.0),
+            backlog_wait(ms(50), ms(25), Duration::ZERO, cap, 1.0),
+            ms(50)
+        );
+        assert_eq!(backlog_wait(ms(0), ms(20), ms(300), cap, 7.0), ms(1220));
+        assert_eq!(backlog_wait(ms(0), ms(20), ms(300), cap, -1.0), ms(20));
+        assert_eq!(backlog_wait(ms(0), ms(20), ms(300), cap, f64::NAN), ms(20));
+        assert_eq!(
+            backlog_wait(ms(0), ms(20), ms(300), cap, f64::INFINITY),
+            ms(20)
+        );
+        // The limit cuts the span, not the draw: a circuit open for a minute spreads
+        // its backlog evenly up to the limit, none of it piled at the limit.
+        let minute = Duration::from_secs(60);
+        assert_eq!(backlog_wait(ms(0), ms(20), minute, cap, 0.5), ms(10_010));
+        assert_eq!(backlog_wait(ms(0), ms(20), minute, cap, 1.0), cap);
+        // A limit shorter than the break leaves the break; the backoff still counts.
+        assert_eq!(backlog_wait(ms(0), ms(20), ms(300), ms(10), 1.0), ms(20));
+        assert_eq!(backlog_wait(ms(30), ms(20), ms(300), ms(10), 1.0), ms(30));
+        // No overflow, however old the circuit or far the limit.
+        assert_eq!(
+            backlog_wait(ms(0), Duration::MAX, Duration::MAX, Duration::MAX, 1.0),
             Duration::MAX
         );
+        let huge = backlog_wait(ms(0), ms(0), Duration::MAX, Duration::MAX, 1.0);
+        assert!(huge >= Duration::from_secs(u64::MAX / 2), "{huge:?}");
     }
 
     #[test]
