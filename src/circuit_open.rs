@@ -14,7 +14,9 @@ use stormguard_core::breaker::CircuitState;
 /// that ends before the backoff's next wait: a refused retry without counting it as an
 /// attempt, up to as many refusals as the request has retries, a refused first call as
 /// a retry the budget admits; either is sent again spread over the circuit's age
-/// ([`open_for`](Self::open_for)). Otherwise, and for an isolated circuit, it gives up
+/// ([`open_for`](Self::open_for)). Before that, a first call refused within a break of
+/// the break's end waits for the probe's verdict once, free
+/// ([`break_duration`](Self::break_duration)). Otherwise, and for an isolated circuit, it gives up
 /// (`GiveUp::CircuitOpen`); see the [`retry` module](crate::retry#an-open-circuit-below).
 ///
 /// ```
@@ -29,12 +31,16 @@ use stormguard_core::breaker::CircuitState;
 /// assert_eq!(open.open_for(), Duration::ZERO);
 /// let older = CircuitOpen::new(Duration::from_secs(3)).with_open_for(Duration::from_secs(9));
 /// assert_eq!(older.open_for(), Duration::from_secs(9));
+/// assert_eq!(older.break_duration(), Duration::ZERO);
+/// let known = older.with_break_duration(Duration::from_millis(25));
+/// assert_eq!(known.break_duration(), Duration::from_millis(25));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CircuitOpen {
     pub(crate) remaining: Duration,
     pub(crate) state: CircuitState,
     pub(crate) open_for: Duration,
+    pub(crate) break_duration: Duration,
 }
 
 impl CircuitOpen {
@@ -44,12 +50,30 @@ impl CircuitOpen {
             remaining,
             state: CircuitState::Open,
             open_for: Duration::ZERO,
+            break_duration: Duration::ZERO,
         }
     }
 
     /// The same refusal from a circuit that has been open for `open_for`.
     pub fn with_open_for(self, open_for: Duration) -> Self {
         CircuitOpen { open_for, ..self }
+    }
+
+    /// The same refusal from a breaker whose breaks last `break_duration` (its
+    /// configured first break, before jitter).
+    pub fn with_break_duration(self, break_duration: Duration) -> Self {
+        CircuitOpen {
+            break_duration,
+            ..self
+        }
+    }
+
+    /// The refusing breaker's configured break (zero if not known): a first call
+    /// refused at the end of a break waits out the rest of it plus up to one of these,
+    /// once, for the probe's verdict
+    /// ([`probe_wait`](stormguard_core::breaker::probe_wait)).
+    pub fn break_duration(&self) -> Duration {
+        self.break_duration
     }
 
     /// How long the circuit had been away from Closed when it refused the call: the

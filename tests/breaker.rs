@@ -604,6 +604,145 @@ async fn an_isolated_circuit_fails_fast_under_a_retry_layer() {
     assert_eq!(breaker.stats().rejected, 1);
 }
 
+/// A client whose retry layer (the default backoff: full jitter from 200 ms) has a
+/// budget that refuses every retry (no allowance, and one request's 10% is no retry),
+/// over `breaker`, which `trip`s on its own service.
+fn spent_budget_client(
+    breaker: &CircuitBreaker,
+) -> (
+    impl Service<Req, Response = Response<ResponseBody<()>>, Error = BoxError, Future: Send>
+        + Send
+        + 'static,
+    Handle<Req, Res>,
+    stormguard::RetryPolicy,
+) {
+    use stormguard::{RetryBudget, RetryLayer, RetryPolicy};
+    let budget = RetryBudget::builder().allowance(0).build().expect("budget");
+    let policy = RetryPolicy::builder()
+        .budget(budget)
+        .seed(1)
+        .build()
+        .expect("policy");
+    let (mock, handle) = mock::pair::<Req, Res>();
+    let client = tower::ServiceBuilder::new()
+        .layer(RetryLayer::new(policy.clone()))
+        .layer(CircuitBreakerLayer::new(breaker.clone()))
+        .service(mock);
+    (client, handle, policy)
+}
+
+/// Lets a call just spawned run until the breaker has refused it, without moving time.
+async fn refused_meanwhile(breaker: &CircuitBreaker) {
+    for _ in 0..100 {
+        if breaker.stats().rejected > 0 {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+    panic!("the call was not refused");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_first_call_refused_at_a_breaks_end_waits_for_the_probe_not_the_budget() {
+    // The last break of an incident: the dependency is back, and a new request meets
+    // the circuit 10 ms before its break ends, with a budget the incident has spent.
+    let breaker = blip_breaker();
+    let (mut svc, mut handle) = service(&breaker);
+    trip(&mut svc, &mut handle, &breaker).await;
+    let opened = Instant::now();
+    advance(15 * MS).await;
+    let (client, mut client_handle, policy) = spent_budget_client(&breaker);
+    let call = tokio::spawn(client.oneshot(Request::new(())));
+    // It waits out the rest of the break and up to one more (25 ms), then asks again:
+    // the circuit is half-open, and the call is its probe.
+    let (_, send) = next_request(&mut client_handle).await;
+    let asked = Instant::now() - opened;
+    assert!(
+        asked >= 25 * MS && asked <= 50 * MS,
+        "asked again at {asked:?}"
+    );
+    assert_eq!(breaker.state(), CircuitState::HalfOpen);
+    send.send_response(response(200));
+    let res = call.await.expect("task").expect("served");
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(stormguard::Attempts::of(&res), 1);
+    assert_eq!(breaker.state(), CircuitState::Closed);
+    // The wait was no retry: the budget was asked nothing and refused nothing.
+    let stats = policy.stats();
+    assert_eq!((stats.retries, stats.budget_denied), (0, 0));
+    assert_eq!(breaker.stats().rejected, 1);
+}
+
+/// What a request made while a probe decides came to: its task, its service's
+/// handle, its policy, and when it was made.
+struct WhileTheProbeDecides {
+    breaker: CircuitBreaker,
+    call: tokio::task::JoinHandle<Result<Response<ResponseBody<()>>, BoxError>>,
+    handle: Handle<Req, Res>,
+    policy: stormguard::RetryPolicy,
+    started: Instant,
+}
+
+/// Trips a circuit, lets other traffic's probe out after the break, has a new
+/// request (on a spent budget) refused while that probe decides, and then answers the
+/// probe `status`.
+async fn a_request_while_the_probe_decides(status: u16) -> WhileTheProbeDecides {
+    let breaker = blip_breaker();
+    let (mut svc, mut handle) = service(&breaker);
+    trip(&mut svc, &mut handle, &breaker).await;
+    advance(25 * MS).await;
+    let probe = svc.ready().await.expect("ready").call(Request::new(()));
+    let (_, probe_answer) = next_request(&mut handle).await;
+    let (client, client_handle, policy) = spent_budget_client(&breaker);
+    let started = Instant::now();
+    let call = tokio::spawn(client.oneshot(Request::new(())));
+    refused_meanwhile(&breaker).await;
+    probe_answer.send_response(response(status));
+    probe.await.expect("the probe's answer");
+    WhileTheProbeDecides {
+        breaker,
+        call,
+        handle: client_handle,
+        policy,
+        started,
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_first_call_refused_while_the_probe_decides_is_sent_once_it_has() {
+    // The probe succeeds: the circuit closes, and the waiting call goes through it
+    // within a break.
+    let mut it = a_request_while_the_probe_decides(200).await;
+    assert_eq!(it.breaker.state(), CircuitState::Closed);
+    let (_, send) = next_request(&mut it.handle).await;
+    assert!(Instant::now() - it.started <= 25 * MS);
+    send.send_response(response(200));
+    let res = it.call.await.expect("task").expect("served");
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(it.policy.stats().retries, 0);
+    assert_eq!(it.breaker.stats().rejected, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_first_call_still_refused_after_its_wait_is_retried_on_the_budget_as_before() {
+    // The dependency is still down: the probe fails, and the circuit opens again. The
+    // waiting call is refused a second time and, the budget spent, ends with the
+    // refusal within a break of its first, having reached nothing.
+    let mut it = a_request_while_the_probe_decides(503).await;
+    assert_eq!(it.breaker.state(), CircuitState::Open);
+    let error = it.call.await.expect("task").expect_err("refused again");
+    assert!(error.is::<CircuitOpen>(), "{error}");
+    assert!(Instant::now() - it.started <= 25 * MS);
+    assert!(
+        !matches!(it.handle.poll_request(), Poll::Ready(Some(_))),
+        "a refused call reached the service"
+    );
+    // Its second refusal was handled as any first call's: retried on the budget if
+    // the break ended before its backoff, which the budget refused, or given up.
+    assert_eq!(it.policy.stats().retries, 0);
+    assert_eq!(it.breaker.stats().rejected, 2);
+}
+
 /// A service whose `call` or whose response future panics, for the probe tests.
 #[derive(Clone)]
 struct Panicking {

@@ -419,6 +419,7 @@ impl CircuitBreaker {
                     remaining: rejected.remaining,
                     state: rejected.state,
                     open_for: rejected.open_for,
+                    break_duration: self.config().break_duration(),
                 })
             }
         }
@@ -433,12 +434,14 @@ impl CircuitBreaker {
                 remaining: rejected.remaining,
                 state: rejected.state,
                 open_for: rejected.open_for,
+                break_duration: self.config().break_duration(),
             },
             // The break ended in between: the caller may come again at once.
             Ok(()) => CircuitOpen {
                 remaining: Duration::ZERO,
                 state: self.state(),
                 open_for: Duration::ZERO,
+                break_duration: self.config().break_duration(),
             },
         }
     }
@@ -690,6 +693,7 @@ mod tests {
             remaining: Duration::from_millis(1500),
             state,
             open_for: Duration::from_secs(3),
+            break_duration: Duration::from_millis(25),
         };
         assert_eq!(
             open(CircuitState::Open).to_string(),

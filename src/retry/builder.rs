@@ -246,6 +246,7 @@ impl RetryPolicyBuilder {
             expensive_pending: false,
             transparent_used: false,
             refusals: 0,
+            probe_waited: false,
             deadline: RequestDeadline::Unsent,
             streams: None,
         }

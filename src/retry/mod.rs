@@ -157,7 +157,17 @@
 //! - a **first call** refused is retried as any failure is: an attempt, admitted by the
 //!   budget. A circuit that stays open (an outage) then fails new requests fast once the
 //!   budget's room is spent, instead of deferring every one of them to the moment it
-//!   closes, where together they would be a surge the recovering dependency pays for.
+//!   closes, where together they would be a surge the recovering dependency pays for;
+//! - but first, a **first call refused at the end of a break** (or while the probe
+//!   decides) asks again once, for free, after the rest of the break plus a random share
+//!   of one more ([`probe_wait`](stormguard_core::breaker::probe_wait)), when that wait
+//!   cannot outlast the request's first backoff (always, with the default 25 ms breaks
+//!   and 200 ms backoff; never behind breaks of a second or more). The last break of
+//!   an incident ends after the dependency is back, and the requests made during it are
+//!   the recovery's first: refused at once, they met a budget the incident had spent and
+//!   failed (1–2% of the first second after the storm's 5 s outage, 4–10% after its
+//!   brownout). A wait of about a break costs the dependency nothing and brings back at
+//!   most a break's calls together.
 //!
 //! A longer break, or an isolated circuit, ends the request at once with
 //! [`CircuitOpen`](crate::CircuitOpen) (reason `circuit_open`). The request's deadline

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant, SystemTime};
 use http::{HeaderValue, Request, Response};
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
+use stormguard_core::breaker::CircuitState;
 use stormguard_core::classify::{GrpcCodeSet, Rules, GRPC_PREVIOUS_RPC_ATTEMPTS, X_ATTEMPT_COUNT};
 use stormguard_core::deadline::{grpc_timeout_value, Deadline};
 use stormguard_core::methods::MAX_ATTEMPTS as GRPC_MAX_ATTEMPTS;
@@ -60,6 +61,9 @@ pub struct RetryPolicy {
     /// call never left the client, so it is not an attempt; at most `max_attempts - 1`
     /// (as many as its retries) are waited out.
     pub(super) refusals: u8,
+    /// Whether this request's first call, refused at the end of a break, has had its
+    /// one free wait for the probe's verdict (`probe_wait`).
+    pub(super) probe_waited: bool,
     /// Retries this request was admitted to make and not yet settled with the budget
     /// (attempts are capped at 100, so they fit): the ones that failed are charged as
     /// wasted when it ends (every one if it ends unserved, its caller gone included).
@@ -185,6 +189,7 @@ impl RetryPolicy {
             attempts: 0,
             transparent_used: false,
             refusals: 0,
+            probe_waited: false,
             admitted: 0,
             expensive_pending: false,
             deadline: RequestDeadline::SentAt(sent, total),
@@ -285,6 +290,19 @@ impl RetryPolicy {
         result: &mut Result<Response<Res>, E>,
         delay: Duration,
     ) -> Option<Wait> {
+        self.refusals = self.refusals.saturating_add(1);
+        self.wait_refused(req, result, delay, "waiting out the break")
+    }
+
+    /// Sends a call the circuit refused again after `delay`, unless its body cannot be
+    /// sent again or the wait outlasts its deadline.
+    fn wait_refused<B, Res, E>(
+        &mut self,
+        req: &mut Request<B>,
+        result: &mut Result<Response<Res>, E>,
+        delay: Duration,
+        what: &'static str,
+    ) -> Option<Wait> {
         let attempts = self.attempts + 1;
         if !body_replayable(req) {
             return self.finish(result, attempts, Some(GiveUp::BodyNotReplayable));
@@ -294,7 +312,6 @@ impl RetryPolicy {
         if self.outlasts_deadline(now, delay) {
             return self.finish(result, attempts, Some(GiveUp::Deadline));
         }
-        self.refusals = self.refusals.saturating_add(1);
         if is_grpc(req) {
             self.set_grpc_timeout(req.headers_mut(), now + delay);
         }
@@ -303,9 +320,22 @@ impl RetryPolicy {
             attempt = attempts,
             delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
             reason = "circuit_open",
-            "waiting out the break"
+            "{what}"
         );
         Some(Wait::sleep(delay))
+    }
+
+    /// Asks the circuit again after `delay`, for a first call refused at the end of a
+    /// break: once a request, no attempt, nothing asked of the budget; only the
+    /// deadline and the body can stop it.
+    fn wait_for_probe<B, Res, E>(
+        &mut self,
+        req: &mut Request<B>,
+        result: &mut Result<Response<Res>, E>,
+        delay: Duration,
+    ) -> Option<Wait> {
+        self.probe_waited = true;
+        self.wait_refused(req, result, delay, "waiting for the probe")
     }
 
     /// The one free retry of a request its server refused before its application saw
@@ -619,34 +649,38 @@ where
                     // The wait spreads the circuit's backlog over a span that grows
                     // with its age, so that the calls it refused do not all come back
                     // the moment it closes (`backlog_wait`).
-                    let refusal = crate::error_class::circuit_open_refusal(err)
-                        .map(|open| (open.remaining(), open.open_for()));
-                    let delay = self.next_backoff(limits.backoff);
-                    let retries = limits.max_attempts.saturating_sub(1);
+                    // Before that, a first call refused within a break of the break's
+                    // end (or while its probe decides) waits for the probe's verdict,
+                    // once and free: the first calls of a recovery are not lost to
+                    // the incident's spent budget (`probe_wait`).
+                    let Some(open) = crate::error_class::circuit_open_refusal(err) else {
+                        return self.finish(result, self.attempts + 1, Some(GiveUp::CircuitOpen));
+                    };
+                    let (remaining, open_for) = (open.remaining(), open.open_for());
                     let sent = self.attempts > 0;
-                    match refusal {
-                        Some((remaining, open_for))
-                            if remaining <= delay && sent && u32::from(self.refusals) < retries =>
-                        {
+                    let breaks =
+                        matches!(open.state(), CircuitState::Open | CircuitState::HalfOpen);
+                    let brk = open.break_duration();
+                    if !sent && !self.probe_waited && breaks {
+                        let draw: f64 = self.streams(limits.backoff).rng.random();
+                        let ceiling = limits.backoff.ceiling(0);
+                        if let Some(wait) = breaker::probe_wait(remaining, brk, ceiling, draw) {
                             self.read_deadline(req);
-                            let wait =
-                                self.backlog_wait(limits.backoff, delay, remaining, open_for);
-                            return self.wait_out_break(req, result, wait);
-                        }
-                        Some((remaining, open_for)) if remaining <= delay && !sent => {
-                            self.read_deadline(req);
-                            after_break =
-                                Some(self.backlog_wait(limits.backoff, delay, remaining, open_for));
-                            (Class::Retryable { after: None }, true, false)
-                        }
-                        _ => {
-                            return self.finish(
-                                result,
-                                self.attempts + 1,
-                                Some(GiveUp::CircuitOpen),
-                            )
+                            return self.wait_for_probe(req, result, wait);
                         }
                     }
+                    let delay = self.next_backoff(limits.backoff);
+                    let retries = limits.max_attempts.saturating_sub(1);
+                    if remaining > delay || (sent && u32::from(self.refusals) >= retries) {
+                        return self.finish(result, self.attempts + 1, Some(GiveUp::CircuitOpen));
+                    }
+                    self.read_deadline(req);
+                    let wait = self.backlog_wait(limits.backoff, delay, remaining, open_for);
+                    if sent {
+                        return self.wait_out_break(req, result, wait);
+                    }
+                    after_break = Some(wait);
+                    (Class::Retryable { after: None }, true, false)
                 }
                 ErrorClass::Local | ErrorClass::Unknown => (Class::Permanent, false, false),
             },
@@ -717,7 +751,8 @@ where
 
     fn clone_request(&mut self, req: &Request<B>) -> Option<Request<B>> {
         // Not yet sent: no attempt made, none refused by the server or the circuit.
-        if self.attempts == 0 && !self.transparent_used && self.refusals == 0 {
+        if self.attempts == 0 && !self.transparent_used && self.refusals == 0 && !self.probe_waited
+        {
             let now = tokio::time::Instant::now().into_std();
             if !self.shared.first_send(req, now) {
                 return None;

@@ -35,7 +35,7 @@ use std::time::{Duration, Instant, SystemTime};
 use http::{HeaderMap, StatusCode};
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
-use stormguard_core::breaker::{backlog_wait, CircuitState, Outcome, Permit};
+use stormguard_core::breaker::{backlog_wait, probe_wait, CircuitState, Outcome, Permit};
 use stormguard_core::classify::Rules;
 use stormguard_core::{Class, Schedule};
 
@@ -253,6 +253,9 @@ enum Kind {
     Retry(u32),
 }
 
+/// Keys a request's draw of its wait for the probe's verdict, apart from its other draws.
+const PROBE_KEY: u64 = 0xD1B5_4A32_D192_ED03;
+
 #[derive(Debug)]
 struct Request {
     client: u32,
@@ -264,6 +267,9 @@ struct Request {
     spent: u32,
     /// Refusals by an open circuit waited out (not attempts: nothing was sent).
     refusals: u32,
+    /// Whether its first call, refused at the end of a break, has waited for the
+    /// probe's verdict (`probe_wait`).
+    probe_waited: bool,
     live: bool,
 }
 
@@ -453,6 +459,7 @@ impl Fleet {
             seed,
             spent: 0,
             refusals: 0,
+            probe_waited: false,
             live: true,
         };
         let id = match self.free_requests.pop() {
@@ -484,12 +491,38 @@ impl Fleet {
                 let retries_only = matches!(self.strategy.breaker, BreakerMode::RetriesOnly(_));
                 let state = self.state(client);
                 let now = state.instant(t);
-                let acquired = state.breaker.as_ref().map(|b| b.try_acquire(now));
-                if let Some(acquired) = acquired {
+                let acquired = state
+                    .breaker
+                    .as_ref()
+                    .map(|b| (b.try_acquire(now), b.config().break_duration()));
+                if let Some((acquired, brk)) = acquired {
                     match acquired {
                         Ok(p) => permit = Some(p),
                         // On retries only, a first try goes out anyway, uncounted.
                         Err(_) if retries_only && first => {}
+                        // As the retry layer: a first call refused within a break of
+                        // the break's end waits for the probe's verdict, once, free.
+                        Err(rejected)
+                            if first
+                                && !self.requests[req as usize].probe_waited
+                                && rejected.state != CircuitState::Isolated =>
+                        {
+                            let r = &self.requests[req as usize];
+                            let draw: f64 = SmallRng::seed_from_u64(r.seed ^ PROBE_KEY).random();
+                            let ceiling = match self.strategy.backoff {
+                                BackoffKind::Core(b) => b.ceiling(0),
+                                _ => Duration::ZERO,
+                            };
+                            self.report.rejected += 1;
+                            match probe_wait(rejected.remaining, brk, ceiling, draw) {
+                                Some(wait) => {
+                                    self.requests[req as usize].probe_waited = true;
+                                    self.push(t + wait.as_nanos() as u64, Kind::Retry(req));
+                                }
+                                None => self.finish(req, false),
+                            }
+                            return;
+                        }
                         Err(rejected) => {
                             // As the retry layer: a refused retry whose break ends
                             // before the next backoff is waited out, at most
