@@ -11,7 +11,7 @@ use stormguard_core::{Backoff, ConfigError, RetryBudget};
 
 use crate::body::DEFAULT_MAX_REPLAY_BYTES;
 
-use super::policy::{Limits, RequestDeadline, RetryPolicy};
+use super::policy::{Free, Limits, RequestDeadline, RetryPolicy};
 use super::shared::{Counters, Shared};
 
 /// Builds a [`RetryPolicy`]; every setting has a default.
@@ -244,9 +244,8 @@ impl RetryPolicyBuilder {
             attempts: 0,
             admitted: 0,
             expensive_pending: false,
-            transparent_used: false,
+            free: Free::NONE,
             refusals: 0,
-            probe_waited: false,
             deadline: RequestDeadline::Unsent,
             streams: None,
         }

@@ -55,15 +55,13 @@ pub struct RetryPolicy {
     /// Attempts made for this request so far (0 on the layer's own copy); a transparent
     /// retry is not one.
     pub(super) attempts: u32,
-    /// Whether this request has had its one transparent retry.
-    pub(super) transparent_used: bool,
+    /// The request's free calls taken: its one transparent retry
+    /// ([`Free::TRANSPARENT`]), its first call's one wait for a probe ([`Free::PROBE`]).
+    pub(super) free: Free,
     /// Refusals of this request's retries by an open circuit waited out: a refused
     /// call never left the client, so it is not an attempt; at most `max_attempts - 1`
     /// (as many as its retries) are waited out.
     pub(super) refusals: u8,
-    /// Whether this request's first call, refused at the end of a break, has had its
-    /// one free wait for the probe's verdict (`probe_wait`).
-    pub(super) probe_waited: bool,
     /// Retries this request was admitted to make and not yet settled with the budget
     /// (attempts are capped at 100, so they fit): the ones that failed are charged as
     /// wasted when it ends (every one if it ends unserved, its caller gone included).
@@ -76,7 +74,7 @@ pub struct RetryPolicy {
     /// success never needs it).
     pub(super) deadline: RequestDeadline,
     /// The request's random streams, made at its first retry. Boxed so that the policy,
-    /// which tower moves around with every request, stays small (six words) on the
+    /// which tower moves around with every request, stays small (seven words, 56 bytes on 64-bit) on the
     /// success path.
     pub(super) streams: Option<Box<Streams>>,
 }
@@ -101,6 +99,27 @@ pub(super) enum RequestDeadline {
     SentAt(Instant, Option<Duration>),
     /// Read at the first failure: the [`Deadline`], if the request has one.
     Read(Option<Deadline>),
+}
+
+/// The free calls a request has taken, one bit each, so that the policy tower moves
+/// with every request stays as small as it was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Free(u8);
+
+impl Free {
+    pub(super) const NONE: Free = Free(0);
+    /// Its one transparent retry: a call the server refused unprocessed.
+    const TRANSPARENT: Free = Free(1);
+    /// Its first call's one wait for a probe's verdict (`probe_wait`).
+    const PROBE: Free = Free(2);
+
+    fn has(self, what: Free) -> bool {
+        self.0 & what.0 != 0
+    }
+
+    fn take(&mut self, what: Free) {
+        self.0 |= what.0;
+    }
 }
 
 /// One request's random draws: its backoff schedule and the jitter on server hints.
@@ -187,9 +206,8 @@ impl RetryPolicy {
         RetryPolicy {
             shared: Arc::clone(&self.shared),
             attempts: 0,
-            transparent_used: false,
+            free: Free::NONE,
             refusals: 0,
-            probe_waited: false,
             admitted: 0,
             expensive_pending: false,
             deadline: RequestDeadline::SentAt(sent, total),
@@ -334,7 +352,7 @@ impl RetryPolicy {
         result: &mut Result<Response<Res>, E>,
         delay: Duration,
     ) -> Option<Wait> {
-        self.probe_waited = true;
+        self.free.take(Free::PROBE);
         self.wait_refused(req, result, delay, "waiting for the probe")
     }
 
@@ -350,7 +368,7 @@ impl RetryPolicy {
             self.give_up(GiveUp::Deadline, self.attempts + 1);
             return None;
         }
-        self.transparent_used = true;
+        self.free.take(Free::TRANSPARENT);
         if grpc {
             let headers = req.headers_mut();
             headers.insert(GRPC_TRANSPARENT_RETRY_ATTEMPTS, HeaderValue::from(1u32));
@@ -620,7 +638,7 @@ where
                 (class, false, false)
             }
             Err(err) => match classify_error(err) {
-                ErrorClass::Unprocessed if !self.transparent_used => {
+                ErrorClass::Unprocessed if !self.free.has(Free::TRANSPARENT) => {
                     self.read_deadline(req);
                     return self.retry_transparently(req, grpc);
                 }
@@ -661,7 +679,7 @@ where
                     let breaks =
                         matches!(open.state(), CircuitState::Open | CircuitState::HalfOpen);
                     let brk = open.break_duration();
-                    if !sent && !self.probe_waited && breaks {
+                    if !sent && !self.free.has(Free::PROBE) && breaks {
                         let draw: f64 = self.streams(limits.backoff).rng.random();
                         let ceiling = limits.backoff.ceiling(0);
                         if let Some(wait) = breaker::probe_wait(remaining, brk, ceiling, draw) {
@@ -751,8 +769,7 @@ where
 
     fn clone_request(&mut self, req: &Request<B>) -> Option<Request<B>> {
         // Not yet sent: no attempt made, none refused by the server or the circuit.
-        if self.attempts == 0 && !self.transparent_used && self.refusals == 0 && !self.probe_waited
-        {
+        if self.attempts == 0 && self.free == Free::NONE && self.refusals == 0 {
             let now = tokio::time::Instant::now().into_std();
             if !self.shared.first_send(req, now) {
                 return None;
