@@ -226,23 +226,39 @@ async fn draining_server(
             let (count, signal) = (taken.clone(), drain.clone());
             let service = hyper::service::service_fn(move |req: Request<Incoming>| {
                 heads.lock().expect("lock").push(request_id(req.headers()));
-                if count.fetch_add(1, Ordering::SeqCst) + 1 == per_connection {
+                let last = count.fetch_add(1, Ordering::SeqCst) + 1 == per_connection;
+                if last {
                     signal.notify_one();
                 }
+                // Over HTTP/1.1 the last response says `Connection: close`, as nginx's
+                // does at `keepalive_requests`: the shutdown that `signal` starts may
+                // reach the connection only after that response is written, and then
+                // closes it idle, racing the client's next request on it (a request
+                // written into a closing connection, which no client may resend
+                // unless it is idempotent: RFC 9112 §9.3.1).
+                let close = last && protocol == Protocol::Http1;
                 let seen = seen.clone();
                 async move {
                     let id = request_id(req.headers());
                     // The application acts on a whole request, as one that reads its
                     // body does: a request whose body never arrived is not processed.
-                    if req.into_body().collect().await.is_err() {
+                    let mut res = if req.into_body().collect().await.is_err() {
                         let mut res = Response::new(Full::new(Bytes::new()));
                         *res.status_mut() = http::StatusCode::BAD_REQUEST;
-                        return Ok::<_, Infallible>(res);
+                        res
+                    } else {
+                        // A little work, so requests overlap the drain.
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                        *seen.lock().expect("lock").entry(id).or_default() += 1;
+                        Response::new(Full::new(Bytes::from_static(b"ok")))
+                    };
+                    if close {
+                        res.headers_mut().insert(
+                            http::header::CONNECTION,
+                            http::HeaderValue::from_static("close"),
+                        );
                     }
-                    // A little work, so requests overlap the drain.
-                    tokio::time::sleep(Duration::from_millis(1)).await;
-                    *seen.lock().expect("lock").entry(id).or_default() += 1;
-                    Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok"))))
+                    Ok::<_, Infallible>(res)
                 }
             });
             let io = TokioIo::new(ServerSocket {
