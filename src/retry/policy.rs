@@ -74,8 +74,8 @@ pub struct RetryPolicy {
     /// success never needs it).
     pub(super) deadline: RequestDeadline,
     /// The request's random streams, made at its first retry. Boxed so that the policy,
-    /// which tower moves around with every request, stays small (seven words, 56 bytes on 64-bit) on the
-    /// success path.
+    /// which tower moves around with every request, stays small (seven words, 56 bytes
+    /// on 64-bit targets) on the success path.
     pub(super) streams: Option<Box<Streams>>,
 }
 
