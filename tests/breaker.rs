@@ -465,10 +465,22 @@ where
     assert_eq!(Instant::now(), started);
 }
 
-/// A circuit that opens for 25 ms after two failures in a row, and a retry layer of the
-/// default 3 attempts waiting 10, 20, 40, 80 ms between calls (no jitter).
-fn blip_client(
+/// The retry policy of the blip tests (over `blip_breaker`, a circuit that opens for
+/// 25 ms after two failures in a row): the default 3 attempts, waiting 10, 20, 40,
+/// 80 ms between calls (no jitter).
+fn blip_policy() -> stormguard::RetryPolicy {
+    use stormguard::{Backoff, Jitter, RetryPolicy};
+    RetryPolicy::builder()
+        .backoff(Backoff::new(10 * MS, BREAK, Jitter::None).expect("backoff"))
+        .seed(1)
+        .build()
+        .expect("policy")
+}
+
+/// A retry layer with `policy` over `breaker`, over a mock.
+fn retry_over(
     breaker: &CircuitBreaker,
+    policy: stormguard::RetryPolicy,
 ) -> (
     impl Service<Req, Response = Response<ResponseBody<()>>, Error = BoxError, Future: Send>
         + Clone
@@ -477,15 +489,9 @@ fn blip_client(
     Handle<Req, Res>,
     stormguard::RetryPolicy,
 ) {
-    use stormguard::{Backoff, Jitter, RetryLayer, RetryPolicy};
-    let policy = RetryPolicy::builder()
-        .backoff(Backoff::new(10 * MS, BREAK, Jitter::None).expect("backoff"))
-        .seed(1)
-        .build()
-        .expect("policy");
     let (mock, handle) = mock::pair::<Req, Res>();
     let client = tower::ServiceBuilder::new()
-        .layer(RetryLayer::new(policy.clone()))
+        .layer(stormguard::RetryLayer::new(policy.clone()))
         .layer(CircuitBreakerLayer::new(breaker.clone()))
         .service(mock);
     (client, handle, policy)
@@ -505,7 +511,7 @@ fn blip_breaker() -> CircuitBreaker {
 #[tokio::test(start_paused = true)]
 async fn a_blip_that_opens_the_circuit_costs_a_request_none_of_its_attempts() {
     let breaker = blip_breaker();
-    let (client, mut handle, policy) = blip_client(&breaker);
+    let (client, mut handle, policy) = retry_over(&breaker, blip_policy());
     let started = Instant::now();
     let call = tokio::spawn(client.oneshot(Request::new(())));
     // Two 503s (at 0 and 10 ms) open the circuit until 35 ms; the retry at 30 ms meets
@@ -534,7 +540,7 @@ async fn a_blip_that_opens_the_circuit_costs_a_request_none_of_its_attempts() {
 #[tokio::test(start_paused = true)]
 async fn a_deadline_cuts_the_backlogs_spread_short_instead_of_ending_the_request() {
     let breaker = blip_breaker();
-    let (client, mut handle, policy) = blip_client(&breaker);
+    let (client, mut handle, policy) = retry_over(&breaker, blip_policy());
     let started = Instant::now();
     let mut request = Request::new(());
     let deadline = stormguard::Deadline::after(started.into_std(), 72 * MS);
@@ -560,7 +566,7 @@ async fn a_deadline_cuts_the_backlogs_spread_short_instead_of_ending_the_request
 #[tokio::test(start_paused = true)]
 async fn a_circuit_that_keeps_refusing_ends_the_request_after_as_many_refusals_as_retries() {
     let breaker = blip_breaker();
-    let (client, mut handle, policy) = blip_client(&breaker);
+    let (client, mut handle, policy) = retry_over(&breaker, blip_policy());
     let started = Instant::now();
     let call = tokio::spawn(client.oneshot(Request::new(())));
     // Two 503s (at 0 and 10 ms) open the circuit until 35 ms.
@@ -598,37 +604,22 @@ async fn a_circuit_that_keeps_refusing_ends_the_request_after_as_many_refusals_a
 #[tokio::test(start_paused = true)]
 async fn an_isolated_circuit_fails_fast_under_a_retry_layer() {
     let breaker = blip_breaker();
-    let (client, _handle, _policy) = blip_client(&breaker);
+    let (client, _handle, _policy) = retry_over(&breaker, blip_policy());
     breaker.isolate();
     fails_at_once(client).await;
     assert_eq!(breaker.stats().rejected, 1);
 }
 
-/// A client whose retry layer (the default backoff: full jitter from 200 ms) has a
-/// budget that refuses every retry (no allowance, and one request's 10% is no retry),
-/// over `breaker`, which `trip`s on its own service.
-fn spent_budget_client(
-    breaker: &CircuitBreaker,
-) -> (
-    impl Service<Req, Response = Response<ResponseBody<()>>, Error = BoxError, Future: Send>
-        + Send
-        + 'static,
-    Handle<Req, Res>,
-    stormguard::RetryPolicy,
-) {
-    use stormguard::{RetryBudget, RetryLayer, RetryPolicy};
+/// A retry policy (the default backoff: full jitter from 200 ms) whose budget refuses
+/// every retry: no allowance, and one request's 10% is no retry.
+fn spent_budget_policy() -> stormguard::RetryPolicy {
+    use stormguard::{RetryBudget, RetryPolicy};
     let budget = RetryBudget::builder().allowance(0).build().expect("budget");
-    let policy = RetryPolicy::builder()
+    RetryPolicy::builder()
         .budget(budget)
         .seed(1)
         .build()
-        .expect("policy");
-    let (mock, handle) = mock::pair::<Req, Res>();
-    let client = tower::ServiceBuilder::new()
-        .layer(RetryLayer::new(policy.clone()))
-        .layer(CircuitBreakerLayer::new(breaker.clone()))
-        .service(mock);
-    (client, handle, policy)
+        .expect("policy")
 }
 
 /// Lets a call just spawned run until the breaker has refused it, without moving time.
@@ -651,7 +642,7 @@ async fn a_first_call_refused_at_a_breaks_end_waits_for_the_probe_not_the_budget
     trip(&mut svc, &mut handle, &breaker).await;
     let opened = Instant::now();
     advance(15 * MS).await;
-    let (client, mut client_handle, policy) = spent_budget_client(&breaker);
+    let (client, mut client_handle, policy) = retry_over(&breaker, spent_budget_policy());
     let call = tokio::spawn(client.oneshot(Request::new(())));
     // It waits out the rest of the break and up to one more (25 ms), then asks again:
     // the circuit is half-open, and the call is its probe.
@@ -693,7 +684,7 @@ async fn a_request_while_the_probe_decides(status: u16) -> WhileTheProbeDecides 
     advance(25 * MS).await;
     let probe = svc.ready().await.expect("ready").call(Request::new(()));
     let (_, probe_answer) = next_request(&mut handle).await;
-    let (client, client_handle, policy) = spent_budget_client(&breaker);
+    let (client, client_handle, policy) = retry_over(&breaker, spent_budget_policy());
     let started = Instant::now();
     let call = tokio::spawn(client.oneshot(Request::new(())));
     refused_meanwhile(&breaker).await;
