@@ -415,12 +415,7 @@ impl CircuitBreaker {
             Err(rejected) => {
                 self.emit(rejected.transition);
                 self.shared.rejected.fetch_add(1, Ordering::Relaxed);
-                Err(CircuitOpen {
-                    remaining: rejected.remaining,
-                    state: rejected.state,
-                    open_for: rejected.open_for,
-                    break_duration: self.config().break_duration(),
-                })
+                Err(self.circuit_open(rejected.remaining, rejected.state, rejected.open_for))
             }
         }
     }
@@ -430,19 +425,26 @@ impl CircuitBreaker {
     fn refusal(&self) -> CircuitOpen {
         self.shared.rejected.fetch_add(1, Ordering::Relaxed);
         match self.shared.breaker.check_with(now) {
-            Err(rejected) => CircuitOpen {
-                remaining: rejected.remaining,
-                state: rejected.state,
-                open_for: rejected.open_for,
-                break_duration: self.config().break_duration(),
-            },
+            Err(rejected) => {
+                self.circuit_open(rejected.remaining, rejected.state, rejected.open_for)
+            }
             // The break ended in between: the caller may come again at once.
-            Ok(()) => CircuitOpen {
-                remaining: Duration::ZERO,
-                state: self.state(),
-                open_for: Duration::ZERO,
-                break_duration: self.config().break_duration(),
-            },
+            Ok(()) => self.circuit_open(Duration::ZERO, self.state(), Duration::ZERO),
+        }
+    }
+
+    /// This breaker's refusal, with its configured break.
+    fn circuit_open(
+        &self,
+        remaining: Duration,
+        state: CircuitState,
+        open_for: Duration,
+    ) -> CircuitOpen {
+        CircuitOpen {
+            remaining,
+            state,
+            open_for,
+            break_duration: self.config().break_duration(),
         }
     }
 

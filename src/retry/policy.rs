@@ -298,22 +298,11 @@ impl RetryPolicy {
         }
     }
 
-    /// Sends the retry an open circuit refused again after `delay`, a backoff that
-    /// outlasts the break. The call never left the client: it is not an attempt, asks
-    /// the budget for nothing and keeps the admission of the retry it moves (charged
-    /// as wasted if it fails); only the deadline and the body can stop it.
-    fn wait_out_break<B, Res, E>(
-        &mut self,
-        req: &mut Request<B>,
-        result: &mut Result<Response<Res>, E>,
-        delay: Duration,
-    ) -> Option<Wait> {
-        self.refusals = self.refusals.saturating_add(1);
-        self.wait_refused(req, result, delay, "waiting out the break")
-    }
-
     /// Sends a call the circuit refused again after `delay`, unless its body cannot be
-    /// sent again or the wait outlasts its deadline.
+    /// sent again or the wait outlasts its deadline: a retry the circuit moved (its
+    /// admission kept, charged as wasted if it fails), or a first call waiting for the
+    /// probe. The call never left the client: it is not an attempt and asks the budget
+    /// for nothing.
     fn wait_refused<B, Res, E>(
         &mut self,
         req: &mut Request<B>,
@@ -341,19 +330,6 @@ impl RetryPolicy {
             "{what}"
         );
         Some(Wait::sleep(delay))
-    }
-
-    /// Asks the circuit again after `delay`, for a first call refused at the end of a
-    /// break: once a request, no attempt, nothing asked of the budget; only the
-    /// deadline and the body can stop it.
-    fn wait_for_probe<B, Res, E>(
-        &mut self,
-        req: &mut Request<B>,
-        result: &mut Result<Response<Res>, E>,
-        delay: Duration,
-    ) -> Option<Wait> {
-        self.free.take(Free::PROBE);
-        self.wait_refused(req, result, delay, "waiting for the probe")
     }
 
     /// The one free retry of a request its server refused before its application saw
@@ -680,11 +656,11 @@ where
                         matches!(open.state(), CircuitState::Open | CircuitState::HalfOpen);
                     let brk = open.break_duration();
                     if !sent && !self.free.has(Free::PROBE) && breaks {
-                        let draw: f64 = self.streams(limits.backoff).rng.random();
                         let ceiling = limits.backoff.ceiling(0);
+                        let draw = || self.streams(limits.backoff).rng.random();
                         if let Some(wait) = breaker::probe_wait(remaining, brk, ceiling, draw) {
-                            self.read_deadline(req);
-                            return self.wait_for_probe(req, result, wait);
+                            self.free.take(Free::PROBE);
+                            return self.wait_refused(req, result, wait, "waiting for the probe");
                         }
                     }
                     let delay = self.next_backoff(limits.backoff);
@@ -695,7 +671,8 @@ where
                     self.read_deadline(req);
                     let wait = self.backlog_wait(limits.backoff, delay, remaining, open_for);
                     if sent {
-                        return self.wait_out_break(req, result, wait);
+                        self.refusals = self.refusals.saturating_add(1);
+                        return self.wait_refused(req, result, wait, "waiting out the break");
                     }
                     after_break = Some(wait);
                     (Class::Retryable { after: None }, true, false)

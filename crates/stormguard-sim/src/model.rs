@@ -507,8 +507,8 @@ impl Fleet {
                                 && !self.requests[req as usize].probe_waited
                                 && rejected.state != CircuitState::Isolated =>
                         {
-                            let r = &self.requests[req as usize];
-                            let draw: f64 = SmallRng::seed_from_u64(r.seed ^ PROBE_KEY).random();
+                            let seed = self.requests[req as usize].seed;
+                            let draw = || SmallRng::seed_from_u64(seed ^ PROBE_KEY).random();
                             let ceiling = match self.strategy.backoff {
                                 BackoffKind::Core(b) => b.ceiling(0),
                                 _ => Duration::ZERO,

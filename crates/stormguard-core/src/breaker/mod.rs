@@ -308,7 +308,8 @@ pub fn backlog_wait(
 
 /// How long a **first** call refused at the end of a break waits, once, before it asks
 /// the circuit again, or `None` if it should not wait: the rest of the break plus a
-/// uniform share (`draw`, in `[0, 1]`) of one `break_duration`, so that it asks again
+/// uniform share (`draw()`, in `[0, 1]`, drawn only if the call waits) of one
+/// `break_duration`, so that it asks again
 /// once the probe the break's end lets through has had time to decide, and a break's
 /// refused calls come back spread over a break, at the rate they were refused. Only a
 /// wait that cannot outlast `ceiling` (the caller's first backoff at its longest) is
@@ -332,22 +333,23 @@ pub fn backlog_wait(
 /// let ms = Duration::from_millis;
 /// let first_backoff = ms(200);
 /// // 10 ms of a 25 ms break left: asked again 10 to 35 ms from now.
-/// assert_eq!(probe_wait(ms(10), ms(25), first_backoff, 0.0), Some(ms(10)));
-/// assert_eq!(probe_wait(ms(10), ms(25), first_backoff, 0.4), Some(ms(20)));
+/// assert_eq!(probe_wait(ms(10), ms(25), first_backoff, || 0.0), Some(ms(10)));
+/// assert_eq!(probe_wait(ms(10), ms(25), first_backoff, || 0.4), Some(ms(20)));
 /// // Half-open, its probe deciding: within a break.
-/// assert_eq!(probe_wait(Duration::ZERO, ms(25), first_backoff, 1.0), Some(ms(25)));
-/// // Breaks of a second: no wait, the call fails fast.
-/// assert_eq!(probe_wait(ms(10), ms(1000), first_backoff, 0.5), None);
+/// assert_eq!(probe_wait(Duration::ZERO, ms(25), first_backoff, || 1.0), Some(ms(25)));
+/// // Breaks of a second: no wait (and no draw), the call fails fast.
+/// assert_eq!(probe_wait(ms(10), ms(1000), first_backoff, || unreachable!()), None);
 /// ```
 pub fn probe_wait(
     remaining: Duration,
     break_duration: Duration,
     ceiling: Duration,
-    draw: f64,
+    draw: impl FnOnce() -> f64,
 ) -> Option<Duration> {
     if break_duration.is_zero() || remaining.saturating_add(break_duration) > ceiling {
         return None;
     }
+    let draw = draw();
     let share = if draw.is_finite() {
         draw.clamp(0.0, 1.0)
     } else {
@@ -495,7 +497,7 @@ mod tests {
     #[test]
     fn a_first_call_at_a_breaks_end_waits_the_rest_of_it_and_up_to_one_more() {
         let ms = Duration::from_millis;
-        let wait = |remaining, brk, draw| probe_wait(ms(remaining), ms(brk), ms(200), draw);
+        let wait = |remaining, brk, draw: f64| probe_wait(ms(remaining), ms(brk), ms(200), || draw);
         assert_eq!(wait(10, 25, 0.0), Some(ms(10)));
         assert_eq!(wait(10, 25, 1.0), Some(ms(35)));
         assert_eq!(wait(10, 40, 0.25), Some(ms(20)));
@@ -512,12 +514,12 @@ mod tests {
         assert_eq!(wait(10, 0, 1.0), None);
         // No overflow: a sum past `Duration::MAX` saturates.
         assert_eq!(
-            probe_wait(Duration::MAX, Duration::MAX, Duration::MAX, 1.0),
+            probe_wait(Duration::MAX, Duration::MAX, Duration::MAX, || 1.0),
             Some(Duration::MAX)
         );
-        assert_eq!(probe_wait(Duration::MAX, ms(1), ms(200), 0.0), None);
+        assert_eq!(probe_wait(Duration::MAX, ms(1), ms(200), || 0.0), None);
         assert_eq!(
-            probe_wait(ms(1), Duration::MAX - ms(1), Duration::MAX, 1.0),
+            probe_wait(ms(1), Duration::MAX - ms(1), Duration::MAX, || 1.0),
             Some(Duration::MAX)
         );
     }
