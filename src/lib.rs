@@ -20,13 +20,16 @@
 //! ```
 //! use hyper_util::client::legacy::{connect::HttpConnector, Client};
 //! use hyper_util::rt::TokioExecutor;
+//! use stormguard::connect::TrackedConnector;
 //! use stormguard::{HttpStack, StandardStack};
 //!
 //! struct Upstreams {
-//!     users: HttpStack<Client<HttpConnector, String>>,
+//!     users: HttpStack<Client<TrackedConnector<HttpConnector>, String>>,
 //! }
 //!
-//! let client = Client::builder(TokioExecutor::new()).build_http();
+//! // Tracked connections: a timed-out POST that never left is retried (`connect`).
+//! let connector = TrackedConnector::new(HttpConnector::new());
+//! let client = Client::builder(TokioExecutor::new()).build(connector);
 //! let upstreams = Upstreams { users: StandardStack::new("users").http(client) };
 //! # let _ = upstreams.users;
 //! ```
@@ -43,6 +46,9 @@
 //!   request, paid from the same budget.
 //! - [`signals`]: retries across layers of services (`x-no-retry`, the attempt count).
 //! - [`body`]: [`ReplayBody`], request bodies kept as they are sent.
+//! - `connect` (feature `hyper-util`, on by default): `TrackedConnector`, with which a
+//!   request hyper-util leaves unwritten on a drained connection is retried, a POST
+//!   included.
 //! - `config` (feature `serde`): per-dependency settings from TOML, JSON or a gRPC
 //!   service config; `metrics` (feature `metrics`): the series, through the `metrics`
 //!   facade.
@@ -66,7 +72,8 @@
 //! # Cargo features
 //!
 //! `hyper`, `hyper-util` and `h2` (on by default) teach the layers those crates' error
-//! types (closed connections, connect errors, `REFUSED_STREAM` and GOAWAY); `tonic`
+//! types (closed connections, connect errors, `REFUSED_STREAM` and GOAWAY), and
+//! `hyper-util` adds the `connect` module; `tonic`
 //! teaches tonic's and enables [`StandardStack::grpc`]; `metrics` and `serde` add the
 //! modules of their names. With `default-features = false` the middleware needs only
 //! tower, http and tokio's timer.
@@ -78,6 +85,9 @@ mod circuit_open;
 #[cfg(feature = "serde")]
 #[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
 pub mod config;
+#[cfg(feature = "hyper-util")]
+#[cfg_attr(docsrs, doc(cfg(feature = "hyper-util")))]
+pub mod connect;
 mod error_class;
 mod give_up;
 pub mod hedge;

@@ -16,7 +16,7 @@ use super::service::Core;
 use stormguard_core::Class;
 
 use super::shared::plain_success;
-use super::{RetryPolicy, Wait};
+use super::{Handoff, RetryPolicy, Wait};
 
 pin_project! {
     /// The response of a call through [`Retry`](super::Retry): the first attempt, then
@@ -36,6 +36,8 @@ pin_project! {
         policy: Option<Box<RetryPolicy>>,
         // The service the request's retries go through, made at its first retry.
         retries: Option<S>,
+        // The attempt in flight's tracking, if it is tracked (`crate::connect`).
+        handoff: Option<Handoff>,
         #[pin]
         state: State<S::Future>,
     }
@@ -70,6 +72,7 @@ where
         copy: Option<Request<B>>,
         sent: Instant,
         future: S::Future,
+        handoff: Option<Handoff>,
     ) -> Self {
         ResponseFuture {
             core,
@@ -77,6 +80,7 @@ where
             sent,
             policy: None,
             retries: None,
+            handoff,
             state: State::Called { future },
         }
     }
@@ -117,6 +121,11 @@ where
             match this.state.as_mut().project() {
                 StateProj::Called { future } => {
                     let mut result = ready!(future.poll(cx));
+                    // Read while the attempt still holds its request, wherever it is.
+                    let never_written = this
+                        .handoff
+                        .take()
+                        .is_some_and(|handoff| this.core.never_written(&handoff, &result));
                     // Drop the attempt (and the request it may still hold) before the
                     // policy looks at the copy: a body the attempt never read is then
                     // handed on to the copy (see `ReplayBody`).
@@ -137,6 +146,9 @@ where
                             this.core.policy.sent_at(*this.sent, this.core.total),
                         )),
                     };
+                    if never_written {
+                        policy.attempt_never_written();
+                    }
                     match Policy::<Request<B>, Response<ResB>, S::Error>::retry(
                         &mut **policy,
                         copy,
@@ -168,6 +180,10 @@ where
                         &mut **policy,
                         &request,
                     );
+                    let mut request = request;
+                    if this.copy.is_some() {
+                        *this.handoff = core.track(&mut request);
+                    }
                     let future = retries.call(request);
                     this.state.set(State::Called { future });
                 }

@@ -121,12 +121,16 @@
 //! processed fails with a broken pipe, and a POST it never saw may too (the reset can
 //! reach the client before the GOAWAY that would have named it refused); a POST is not
 //! sent again on a broken pipe, so such a server loses a few POSTs per drain burst, which
-//! only an `Idempotency-Key` (or the `Idempotent` extension) saves. Now and then every
-//! stream hyper-util's HTTP/2 client hands one connection around a drain gets no answer
-//! at all, never reaching the server, until the per-attempt timeout (1 to 4 runs in 100;
-//! reqwest's open issue 1323 is the same hang): a timed-out POST is not sent again, a GET
-//! is. And against a server that acts on a request's head before reading its body, a
-//! POST is now and then processed twice: when a GOAWAY arrives just after hyper 1's
+//! only an `Idempotency-Key` (or the `Idempotent` extension) saves. Now and then
+//! hyper-util's HTTP/2 client leaves the requests it hands one connection around a drain
+//! in that connection's dispatch queue, never written and never answered, until the
+//! per-attempt timeout (1 to 4 runs in 100; reqwest's open issue 1323 is the same hang):
+//! a timed-out POST may have been processed for all the layer can tell, so it is not sent
+//! again, unless the client is built on a
+//! [`TrackedConnector`](crate::connect::TrackedConnector), which lets the layer prove
+//! the request was never written and retry it at once ([`crate::connect`]). And against
+//! a server that acts on a request's head before reading its body, a POST is now and
+//! then processed twice: when a GOAWAY arrives just after hyper 1's
 //! HTTP/2 client opened a request's stream, hyper cancels the stream and hands the
 //! request the GOAWAY's error, which reads exactly as a refusal, though the stream's head
 //! may have reached the server (`tests/drain.rs` and docs/checking.md show it, 61 POSTs in
@@ -300,6 +304,8 @@
 
 mod builder;
 pub mod future;
+#[cfg(feature = "hyper-util")]
+mod handoff;
 mod layer;
 mod policy;
 mod request;
@@ -315,6 +321,12 @@ pub(crate) use request::{is_grpc, safe_to_repeat};
 pub use service::Retry;
 pub use shared::RetryStats;
 pub use wait::Wait;
+
+#[cfg(feature = "hyper-util")]
+use handoff::Handoff;
+/// Without hyper-util no attempt is tracked ([`crate::connect`]).
+#[cfg(not(feature = "hyper-util"))]
+enum Handoff {}
 
 use http::Response;
 

@@ -112,6 +112,10 @@ impl Free {
     const TRANSPARENT: Free = Free(1);
     /// Its first call's one wait for a probe's verdict (`probe_wait`).
     const PROBE: Free = Free(2);
+    /// Not a free call but a note, carried in the same byte: the attempt that just ended
+    /// provably never wrote its request (`crate::connect`); read and cleared by the
+    /// decision on it.
+    const NEVER_WRITTEN: Free = Free(4);
 
     fn has(self, what: Free) -> bool {
         self.0 & what.0 != 0
@@ -119,6 +123,13 @@ impl Free {
 
     fn take(&mut self, what: Free) {
         self.0 |= what.0;
+    }
+
+    /// Whether `what` was set, clearing it.
+    fn clear(&mut self, what: Free) -> bool {
+        let had = self.has(what);
+        self.0 &= !what.0;
+        had
     }
 }
 
@@ -330,6 +341,13 @@ impl RetryPolicy {
             "{what}"
         );
         Some(Wait::sleep(delay))
+    }
+
+    /// Notes that the attempt about to be decided provably never wrote its request: its
+    /// failure, a timeout most often, is then one the server never saw
+    /// ([`crate::connect`]).
+    pub(super) fn attempt_never_written(&mut self) {
+        self.free.take(Free::NEVER_WRITTEN);
     }
 
     /// The one free retry of a request its server refused before its application saw
@@ -588,6 +606,7 @@ where
             self.count_attempt(Class::Success, true);
             return self.finish(result, self.attempts, None);
         }
+        let never_written_note = self.free.clear(Free::NEVER_WRITTEN);
         let grpc = is_grpc(req);
         // The policy's attempts, backoff and codes, or the gRPC method's own.
         let limits = self.limits(req, grpc);
@@ -613,7 +632,7 @@ where
                 let class = rules.classify_with(res.status(), res.headers(), SystemTime::now);
                 (class, false, false)
             }
-            Err(err) => match classify_error(err) {
+            Err(err) => match never_written(classify_error(err), never_written_note) {
                 ErrorClass::Unprocessed if !self.free.has(Free::TRANSPARENT) => {
                     self.read_deadline(req);
                     return self.retry_transparently(req, grpc);
@@ -754,5 +773,15 @@ where
             self.deadline = RequestDeadline::SentAt(now, None);
         }
         Some(req.clone())
+    }
+}
+
+/// How a failure is taken when its attempt provably never wrote its request
+/// (`never_written`): one after which the request may have been processed (a timeout, a
+/// reset) is then one the server never saw. Any other class stands.
+fn never_written(class: ErrorClass, never_written: bool) -> ErrorClass {
+    match class {
+        ErrorClass::MaybeProcessed if never_written => ErrorClass::Unprocessed,
+        class => class,
     }
 }

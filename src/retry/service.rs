@@ -9,6 +9,7 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use super::future::ResponseFuture;
+use super::Handoff;
 use super::RetryPolicy;
 
 /// Retries requests by a [`RetryPolicy`]; made by [`RetryLayer::new`](super::RetryLayer).
@@ -44,6 +45,44 @@ pub(super) struct Core<S> {
     /// The inner service as the layer wrapped it, cloned for each request that retries.
     /// The lock is held only while cloning.
     retries: Mutex<S>,
+    /// Whether the client below tracks its connections ([`crate::connect`]).
+    #[cfg(feature = "hyper-util")]
+    pub(super) tracking: super::handoff::Tracking,
+}
+
+impl<S> Core<S> {
+    /// Tracks an attempt of `request` that may be retried ([`crate::connect`]).
+    pub(super) fn track<B>(&self, request: &mut Request<B>) -> Option<Handoff> {
+        #[cfg(feature = "hyper-util")]
+        return self.tracking.attach(request);
+        #[cfg(not(feature = "hyper-util"))]
+        {
+            let _ = request;
+            None
+        }
+    }
+
+    /// Whether a tracked attempt that ended with `result` provably never wrote its
+    /// request; a response teaches the layer whether the client tracks connections.
+    pub(super) fn never_written<R, E>(
+        &self,
+        handoff: &Handoff,
+        result: &Result<Response<R>, E>,
+    ) -> bool {
+        #[cfg(feature = "hyper-util")]
+        return match result {
+            Ok(res) => {
+                self.tracking.learn(res);
+                false
+            }
+            Err(_) => handoff.never_written(&self.tracking),
+        };
+        #[cfg(not(feature = "hyper-util"))]
+        {
+            let _ = result;
+            match *handoff {}
+        }
+    }
 }
 
 impl<S: Clone> Core<S> {
@@ -70,6 +109,8 @@ impl<S: Clone> Retry<S> {
                 policy,
                 total,
                 retries: Mutex::new(inner.clone()),
+                #[cfg(feature = "hyper-util")]
+                tracking: super::handoff::Tracking::default(),
             }),
             inner,
         }
@@ -131,7 +172,7 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: Request<B>) -> Self::Future {
+    fn call(&mut self, mut request: Request<B>) -> Self::Future {
         let sent = tokio::time::Instant::now().into_std();
         let copy = self
             .core
@@ -139,7 +180,8 @@ where
             .shared
             .first_send(&request, sent)
             .then(|| request.clone());
+        let handoff = copy.as_ref().and_then(|_| self.core.track(&mut request));
         let future = self.inner.call(request);
-        ResponseFuture::new(Arc::clone(&self.core), copy, sent, future)
+        ResponseFuture::new(Arc::clone(&self.core), copy, sent, future, handoff)
     }
 }

@@ -1,0 +1,346 @@
+//! A request stranded unwritten: what `stormguard::connect` proves, and the hyper
+//! behaviour the proof rests on, pinned at the versions in `Cargo.lock`.
+//!
+//! hyper-util's client can leave a request in a connection's dispatch channel that
+//! nothing will ever read (docs of `stormguard::connect`). That happens by a race; these
+//! tests make the same state on purpose: an executor that never runs one connection's
+//! dispatch task, so a request handed to that connection stays in its channel, unwritten,
+//! while the connection itself is driven and then closed by the server.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use http::{Method, Request, Response};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::connect::{Connect, HttpConnector};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use stormguard::connect::TrackedConnector;
+use stormguard::{BoxError, RetryLayer, RetryPolicy};
+use tokio::io::AsyncReadExt;
+use tokio::net::TcpListener;
+use tokio::sync::Notify;
+use tower::{ServiceBuilder, ServiceExt};
+
+/// The request ids a test server's application processed, with how many times.
+type Processed = Arc<Mutex<HashMap<u64, u32>>>;
+
+fn request_id<B>(req: &Request<B>) -> u64 {
+    req.headers()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(u64::MAX)
+}
+
+fn request(method: Method, addr: SocketAddr, id: u64) -> Request<Full<Bytes>> {
+    Request::builder()
+        .method(method)
+        .uri(format!("http://{addr}/orders"))
+        .header("x-request-id", id)
+        .body(Full::new(Bytes::from_static(b"{}")))
+        .expect("request")
+}
+
+/// Serves HTTP/1.1 or HTTP/2 (`h2`) on 127.0.0.1:0, calling `on_request` with each
+/// request's id as its head arrives, and recording what it processed.
+async fn server<F>(h2: bool, on_request: F) -> (SocketAddr, Processed)
+where
+    F: Fn(u64) + Clone + Send + Sync + 'static,
+{
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let processed = Processed::default();
+    let seen = processed.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(serve(
+                TokioIo::new(stream),
+                h2,
+                seen.clone(),
+                on_request.clone(),
+            ));
+        }
+    });
+    (addr, processed)
+}
+
+async fn serve<F>(io: TokioIo<tokio::net::TcpStream>, h2: bool, seen: Processed, on_request: F)
+where
+    F: Fn(u64) + Clone + Send + Sync + 'static,
+{
+    let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+        let id = request_id(&req);
+        on_request(id);
+        let seen = seen.clone();
+        async move {
+            let _ = req.into_body().collect().await;
+            *seen.lock().expect("lock").entry(id).or_default() += 1;
+            Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok"))))
+        }
+    });
+    if h2 {
+        let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+            .serve_connection(io, service)
+            .await;
+    } else {
+        let _ = hyper::server::conn::http1::Builder::new()
+            .serve_connection(io, service)
+            .await;
+    }
+}
+
+/// Set when dropped: what the retry layer's token does.
+#[derive(Clone)]
+struct Witness(Arc<AtomicBool>);
+
+impl Drop for Witness {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+/// The premise of the proof: hyper drops a request's extensions before a byte of the
+/// request is written, so none is still alive when its head reaches the server. Fails
+/// if an upgrade of hyper or hyper-util keeps them longer.
+async fn extensions_are_dropped_before_the_head_is_written(h2: bool) {
+    let witnesses: Arc<Mutex<HashMap<u64, Arc<AtomicBool>>>> = Arc::default();
+    let alive_at_server: Arc<Mutex<Vec<u64>>> = Arc::default();
+    let (lookup, alive) = (witnesses.clone(), alive_at_server.clone());
+    let (addr, processed) = server(h2, move |id| {
+        let dropped = lookup.lock().expect("lock")[&id].load(Ordering::SeqCst);
+        if !dropped {
+            alive.lock().expect("lock").push(id);
+        }
+    })
+    .await;
+    let client = Client::builder(TokioExecutor::new())
+        .http2_only(h2)
+        .build::<_, Full<Bytes>>(HttpConnector::new());
+    for id in 0..20 {
+        let method = if id % 2 == 0 {
+            Method::GET
+        } else {
+            Method::POST
+        };
+        let mut req = request(method, addr, id);
+        let dropped = Arc::new(AtomicBool::new(false));
+        witnesses.lock().expect("lock").insert(id, dropped.clone());
+        req.extensions_mut().insert(Witness(dropped));
+        let res = client.request(req).await.expect("served");
+        assert_eq!(res.status(), 200);
+    }
+    assert_eq!(processed.lock().expect("lock").len(), 20);
+    assert_eq!(
+        *alive_at_server.lock().expect("lock"),
+        Vec::<u64>::new(),
+        "requests whose extensions were still alive when the server took their head"
+    );
+}
+
+#[tokio::test]
+async fn hyper_http1_drops_a_requests_extensions_before_writing_it() {
+    extensions_are_dropped_before_the_head_is_written(false).await;
+}
+
+#[tokio::test]
+async fn hyper_http2_drops_a_requests_extensions_before_writing_it() {
+    extensions_are_dropped_before_the_head_is_written(true).await;
+}
+
+/// A task kept and never polled.
+type Kept = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// An executor that runs everything but the first connection's dispatch task, which it
+/// keeps without polling: a request handed to that connection stays in its channel,
+/// unread. It says when that task is kept, and when the first connection's own task
+/// (which owns its socket) has ended.
+#[derive(Clone, Default)]
+struct StrandingExecutor {
+    spawned: Arc<AtomicUsize>,
+    kept: Arc<Mutex<Vec<Kept>>>,
+    dispatch_kept: Arc<Notify>,
+    connection_ended: Arc<Notify>,
+}
+
+impl<F> hyper::rt::Executor<F> for StrandingExecutor
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    fn execute(&self, fut: F) {
+        // hyper's HTTP/2 handshake spawns the connection's task first, then hyper-util
+        // spawns the dispatch task.
+        match self.spawned.fetch_add(1, Ordering::SeqCst) {
+            0 => {
+                let ended = self.connection_ended.clone();
+                tokio::spawn(async move {
+                    fut.await;
+                    ended.notify_one();
+                });
+            }
+            1 => {
+                self.kept.lock().expect("lock").push(Box::pin(async move {
+                    fut.await;
+                }));
+                self.dispatch_kept.notify_one();
+            }
+            _ => {
+                tokio::spawn(fut);
+            }
+        }
+    }
+}
+
+/// A listener whose first connection reads the client's preface and is closed when
+/// `close` is notified; the connections after it are served over HTTP/2.
+async fn first_connection_closed_on_demand(close: Arc<Notify>) -> (SocketAddr, Processed) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let processed = Processed::default();
+    let seen = processed.clone();
+    tokio::spawn(async move {
+        let Ok((mut first, _)) = listener.accept().await else {
+            return;
+        };
+        tokio::spawn(async move {
+            let mut preface = [0u8; 24];
+            let _ = first.read_exact(&mut preface).await;
+            close.notified().await;
+            drop(first);
+        });
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(serve(TokioIo::new(stream), true, seen.clone(), |_| {}));
+        }
+    });
+    (addr, processed)
+}
+
+/// When the attempt fails: after the stranded request's connection has closed, or while
+/// it is still open.
+#[derive(Clone, Copy, PartialEq)]
+enum FailAttempt {
+    AfterTheConnectionClosed,
+    WhileItIsOpen,
+}
+
+/// One POST through the retry layer's defaults over an HTTP/2 client on `connector`
+/// whose first connection strands it; its first attempt is failed with a timeout as
+/// `fail` says. Returns the outcome, the transparent retries and retries made, and how
+/// many times the server processed the POST.
+async fn stranded_post<C>(connector: C, fail: FailAttempt) -> (Result<u16, BoxError>, u64, u64, u32)
+where
+    C: Connect + Clone + Send + Sync + 'static,
+{
+    let close = Arc::new(Notify::new());
+    let (addr, processed) = first_connection_closed_on_demand(close.clone()).await;
+    let executor = StrandingExecutor::default();
+    // No pooling: a retry gets a connection of its own, as it would once hyper-util's
+    // pool saw the stranded connection's dispatch task gone.
+    let client = Client::builder(executor.clone())
+        .http2_only(true)
+        .pool_max_idle_per_host(0)
+        .build::<_, Full<Bytes>>(connector);
+    // The attempt's timeout, fired on demand instead of by a clock.
+    let timeout = Arc::new(Notify::new());
+    let fire = timeout.clone();
+    let attempt = tower::service_fn(move |req: Request<Full<Bytes>>| {
+        let response = client.request(req);
+        let timeout = timeout.clone();
+        async move {
+            tokio::select! {
+                res = response => res.map_err(BoxError::from),
+                () = timeout.notified() => Err(BoxError::from(tower::timeout::error::Elapsed::new())),
+            }
+        }
+    });
+    let policy = RetryPolicy::default();
+    let svc = ServiceBuilder::new()
+        .layer(RetryLayer::new(policy.clone()))
+        .service(attempt);
+    let call = tokio::spawn(svc.oneshot(request(Method::POST, addr, 7)));
+
+    executor.dispatch_kept.notified().await;
+    if fail == FailAttempt::AfterTheConnectionClosed {
+        close.notify_one();
+        executor.connection_ended.notified().await;
+        fire.notify_one();
+    } else {
+        fire.notify_one();
+    }
+    let outcome = call
+        .await
+        .expect("the call's task")
+        .map(|res| res.status().as_u16());
+    close.notify_one();
+    let stats = policy.stats();
+    let times = processed
+        .lock()
+        .expect("lock")
+        .get(&7)
+        .copied()
+        .unwrap_or(0);
+    (outcome, stats.transparent_retries, stats.retries, times)
+}
+
+#[tokio::test]
+async fn a_post_stranded_on_a_tracked_connection_that_closed_is_retried_at_once() {
+    let connector = TrackedConnector::new(HttpConnector::new());
+    let (outcome, transparent, retries, times) =
+        stranded_post(connector, FailAttempt::AfterTheConnectionClosed).await;
+    assert_eq!(outcome.ok(), Some(200));
+    assert_eq!((transparent, retries), (1, 0), "one transparent retry");
+    assert_eq!(times, 1, "processed once");
+}
+
+#[tokio::test]
+async fn a_post_stranded_on_an_untracked_connection_is_not_retried() {
+    let (outcome, transparent, retries, times) =
+        stranded_post(HttpConnector::new(), FailAttempt::AfterTheConnectionClosed).await;
+    let err = outcome.expect_err("a timed-out POST is not repeated");
+    assert!(err.is::<tower::timeout::error::Elapsed>(), "{err}");
+    assert_eq!((transparent, retries, times), (0, 0, 0));
+}
+
+#[tokio::test]
+async fn a_post_whose_connection_is_still_open_is_not_retried() {
+    // Still open, the connection could yet write it: nothing is proved.
+    let connector = TrackedConnector::new(HttpConnector::new());
+    let (outcome, transparent, retries, times) =
+        stranded_post(connector, FailAttempt::WhileItIsOpen).await;
+    let err = outcome.expect_err("a timed-out POST is not repeated");
+    assert!(err.is::<tower::timeout::error::Elapsed>(), "{err}");
+    assert_eq!((transparent, retries, times), (0, 0, 0));
+}
+
+/// A capture of the caller's own is left alone: the retry layer tracks no attempt of a
+/// request that carries one (its own would replace it).
+#[tokio::test]
+async fn the_callers_own_connection_capture_still_works() {
+    let (addr, processed) = server(true, |_| {}).await;
+    let client = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build::<_, Full<Bytes>>(TrackedConnector::new(HttpConnector::new()));
+    let policy = RetryPolicy::default();
+    let svc = ServiceBuilder::new()
+        .layer(RetryLayer::new(policy))
+        .service(client);
+    for id in 0..3 {
+        let mut req = request(Method::POST, addr, id);
+        let capture = hyper_util::client::legacy::connect::capture_connection(&mut req);
+        let res = svc.clone().oneshot(req).await.expect("served");
+        assert_eq!(res.status(), 200);
+        assert!(
+            capture.connection_metadata().is_some(),
+            "the caller's capture was filled in"
+        );
+    }
+    assert_eq!(processed.lock().expect("lock").len(), 3);
+}
