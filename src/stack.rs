@@ -12,12 +12,14 @@
 //! # async fn run() -> Result<(), stormguard::BoxError> {
 //! use bytes::Bytes;
 //! use http_body_util::Full;
-//! use hyper_util::client::legacy::Client;
+//! use hyper_util::client::legacy::{connect::HttpConnector, Client};
 //! use hyper_util::rt::TokioExecutor;
+//! use stormguard::connect::TrackedConnector;
 //! use stormguard::stack::{HttpStack, StandardStack};
 //! use tower::ServiceExt;
 //!
-//! let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+//! let connector = TrackedConnector::new(HttpConnector::new());
+//! let client = Client::builder(TokioExecutor::new()).build::<_, Full<Bytes>>(connector);
 //! let users: HttpStack<_> = StandardStack::new("users").http(client);
 //!
 //! let request = http::Request::get("http://127.0.0.1:1/users/7").body(Full::default())?;
@@ -32,6 +34,12 @@
 //! circuit is one more failed attempt it can give up on (or wait out, when the break is
 //! shorter than its next backoff); the breaker sits above the attempt timeout so that an
 //! attempt that hangs counts as the failure it is.
+//!
+//! Build hyper-util's client on a [`TrackedConnector`](crate::connect::TrackedConnector),
+//! as above: hyper-util now and then leaves a request unwritten in the queue of a
+//! connection a server is draining, and with the connector the retry layer proves it
+//! never left and retries it when its attempt times out, a POST included
+//! ([`connect`](crate::connect)).
 //!
 //! # The defaults, and why
 //!
