@@ -344,3 +344,105 @@ async fn the_callers_own_connection_capture_still_works() {
     }
     assert_eq!(processed.lock().expect("lock").len(), 3);
 }
+
+/// Counts its live instances: a message that outlives its channel's receiver.
+struct Probe(Arc<AtomicUsize>);
+
+impl Drop for Probe {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// The race `stormguard::connect` rests on, in tokio's unbounded channel (the one
+/// hyper's dispatch uses): a send under way as the receiver is dropped can be accepted
+/// and land after the receiver's drop has drained the channel, and then nothing drops
+/// the message until the last sender is gone. A second thread sends while this one drops
+/// the receiver, a little later each try (a sweep of 0 to 255 spins), a third sender held
+/// throughout (as hyper-util's pooled handle is), and counts the messages `send`
+/// accepted that are alive once both are done, until it has found `FOUND` of them (or
+/// made `TRIES` tries, or spent two minutes); the test passes if it found one. A tokio that
+/// closes the race fails it, and the docs of `stormguard::connect` are then to be read
+/// again. `STRANDED_TRIES=N` makes it go on for N tries, the figures in docs/checking.md.
+#[test]
+fn tokio_unbounded_send_racing_the_receivers_drop_can_strand_its_message() {
+    use std::sync::atomic::AtomicU64;
+    use std::time::{Duration, Instant};
+    use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
+
+    const TRIES: u64 = 4_000_000;
+    const FOUND: u64 = 10;
+    // For the figures: that many tries, however many are found.
+    let figures: Option<u64> = std::env::var("STRANDED_TRIES")
+        .ok()
+        .and_then(|n| n.parse().ok());
+    let (tries_wanted, found) = figures.map_or((TRIES, FOUND), |n| (n, u64::MAX));
+    let round = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(AtomicU64::new(0));
+    let live = Arc::new(AtomicUsize::new(0));
+    let slot: Arc<Mutex<Option<UnboundedSender<Probe>>>> = Arc::default();
+    let accepted = Arc::new(AtomicU64::new(0));
+
+    // The sender: waits for each round, sends once, reports done; `u64::MAX` ends it.
+    let sender = {
+        let (round, done, slot) = (round.clone(), done.clone(), slot.clone());
+        let (live, accepted) = (live.clone(), accepted.clone());
+        std::thread::spawn(move || {
+            let mut seen = 0;
+            loop {
+                let now = round.load(Ordering::Acquire);
+                if now == u64::MAX {
+                    return;
+                }
+                if now == seen {
+                    std::hint::spin_loop();
+                    continue;
+                }
+                seen = now;
+                let tx = slot.lock().expect("slot").take();
+                if let Some(tx) = tx {
+                    live.fetch_add(1, Ordering::SeqCst);
+                    if tx.send(Probe(live.clone())).is_ok() {
+                        accepted.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                done.store(now, Ordering::Release);
+            }
+        })
+    };
+
+    let started = Instant::now();
+    let (mut stranded, mut tries) = (0, 0);
+    while tries < tries_wanted && stranded < found && started.elapsed() < Duration::from_secs(120) {
+        tries += 1;
+        let (tx, rx) = unbounded_channel::<Probe>();
+        let held = tx.clone();
+        *slot.lock().expect("slot") = Some(tx);
+        round.store(tries, Ordering::Release);
+        for _ in 0..tries % 256 {
+            std::hint::spin_loop();
+        }
+        drop(rx);
+        while done.load(Ordering::Acquire) < tries {
+            std::hint::spin_loop();
+        }
+        // The receiver is gone and the send is over: a live message is stranded.
+        if live.load(Ordering::SeqCst) > 0 {
+            stranded += 1;
+        }
+        drop(held);
+        assert_eq!(live.load(Ordering::SeqCst), 0, "the last sender frees it");
+    }
+    round.store(u64::MAX, Ordering::Release);
+    sender.join().expect("sender");
+    println!(
+        "{tries} tries, {} sends accepted, {stranded} message(s) stranded past the \
+         receiver's drop, in {:?}",
+        accepted.load(Ordering::Relaxed),
+        started.elapsed()
+    );
+    assert!(
+        stranded > 0,
+        "no send outlived the receiver's drop in {tries} tries"
+    );
+}
