@@ -155,25 +155,29 @@ impl tokio::io::AsyncWrite for ServerSocket {
 
 /// A server on 127.0.0.1:0 that drains each connection gracefully once it has taken
 /// `per_connection` requests (nginx's `keepalive_requests`, set low) and closes it as
-/// `close` says. The accept loop ends with the test's runtime.
+/// `close` says. The accept loop ends with the test's runtime. Returns its address, what
+/// it processed, and how many connections it has drained.
 async fn draining_server(
     protocol: Protocol,
     per_connection: usize,
     close: Close,
-) -> (SocketAddr, Processed) {
+) -> (SocketAddr, Processed, Arc<AtomicUsize>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let processed = Processed::default();
     let seen = processed.clone();
+    let drains = Arc::new(AtomicUsize::new(0));
+    let drained = drains.clone();
     tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
             let seen = seen.clone();
             let taken = Arc::new(AtomicUsize::new(0));
             let drain = Arc::new(tokio::sync::Notify::new());
-            let (count, signal) = (taken.clone(), drain.clone());
+            let (count, signal, drained) = (taken.clone(), drain.clone(), drained.clone());
             let service = hyper::service::service_fn(move |req: Request<Incoming>| {
                 let last = count.fetch_add(1, Ordering::SeqCst) + 1 == per_connection;
                 if last {
+                    drained.fetch_add(1, Ordering::SeqCst);
                     signal.notify_one();
                 }
                 // Over HTTP/1.1 the last response says `Connection: close`, as nginx's
@@ -227,7 +231,7 @@ async fn draining_server(
             });
         }
     });
-    (addr, processed)
+    (addr, processed, drains)
 }
 
 /// Serves `conn` until it ends, starting its graceful shutdown when `drain` fires.
@@ -387,10 +391,28 @@ fn assert_refusals_alone_never_open(breaker: &CircuitBreaker) {
 }
 
 async fn drain_test(protocol: Protocol, per_connection: usize, close: Close) {
-    let plain = draining_server(protocol, per_connection, close).await;
-    let ours = draining_server(protocol, per_connection, close).await;
+    let (plain_addr, plain_processed, _) = draining_server(protocol, per_connection, close).await;
+    let (addr, processed, drains) = draining_server(protocol, per_connection, close).await;
     let server = format!("server drains every {per_connection}, {close:?} close");
-    compare(protocol, &server, close, plain, ours).await;
+    compare(
+        protocol,
+        &server,
+        close,
+        (plain_addr, plain_processed),
+        (addr, processed),
+    )
+    .await;
+    // The requests met drains. A connection is drained at its `per_connection`-th
+    // request and takes at most the requests then in flight after it; connections left
+    // at the end below their share (at most one per request in flight) are not drained.
+    let (requests, in_flight) = (REQUESTS as usize, CONCURRENCY as usize);
+    let least = (requests - in_flight * per_connection) / (per_connection + in_flight);
+    let drains = drains.load(Ordering::SeqCst);
+    println!("  the server drained {drains} connections (at least {least} expected)");
+    assert!(
+        drains >= least,
+        "{drains} connections drained, at least {least} expected"
+    );
 }
 
 /// Sends the same requests without retries to `plain` and through stormguard's defaults
@@ -399,9 +421,9 @@ async fn drain_test(protocol: Protocol, per_connection: usize, close: Close) {
 ///
 /// One kind of failure at the caller is tolerated, within the 1% bound of lost responses;
 /// every other failure fails the test: against an abrupt close ([`Close::Abrupt`]), a
-/// POST in flight when the close reset the connection. It may have been processed (its response
-/// discarded by the reset) or not (its stream above the GOAWAY's last id, the reset read
-/// before the GOAWAY); nothing tells the two apart, so it is not sent again.
+/// POST in flight when the close reset the connection. It may have been processed (its
+/// response discarded by the reset) or not (its stream above the GOAWAY's last id, the
+/// reset read before the GOAWAY); nothing tells the two apart, so it is not sent again.
 ///
 /// Now and then hyper-util's HTTP/2 client leaves the requests it hands a connection
 /// around a drain in that connection's dispatch queue, never written, until their
@@ -481,18 +503,12 @@ async fn compare(
         failures.first
     );
     assert_eq!(posts_twice, Vec::<u64>::new(), "no POST is processed twice");
-    if protocol == Protocol::Http2 {
-        // A hundred drains at 32 requests in flight catch requests in passing (how many
-        // depends on timing: the run without retries shows them as errors, this one as
-        // transparent retries), and the retries that saved them spent no budget (the
-        // retries of GETs whose attempts timed out may).
-        assert!(
-            !plain.ids.is_empty() || stats.transparent_retries > 0,
-            "the drains were felt"
-        );
-        if failures.served_late.is_empty() {
-            assert_eq!(stats.budget_denied, 0);
-        }
+    if protocol == Protocol::Http2 && failures.served_late.is_empty() {
+        // Drains at 32 requests in flight catch requests in passing (how many depends on
+        // timing: the run without retries shows them as errors, this one as transparent
+        // retries; on a busy machine now and then none), and the retries that saved them
+        // spent no budget (the retries of GETs whose attempts timed out may).
+        assert_eq!(stats.budget_denied, 0);
     }
     assert_eq!(
         (0..REQUESTS)
@@ -828,9 +844,10 @@ impl Drop for Nginx {
 
 /// nginx in front of a recording server that never drains: the drains are nginx's own.
 async fn nginx_test(protocol: Protocol) -> Result<(), BoxError> {
-    let (plain_backend, plain_processed) =
+    let (plain_backend, plain_processed, _) =
         draining_server(Protocol::Http1, usize::MAX, Close::Lingering).await;
-    let (backend, processed) = draining_server(Protocol::Http1, usize::MAX, Close::Lingering).await;
+    let (backend, processed, _) =
+        draining_server(Protocol::Http1, usize::MAX, Close::Lingering).await;
     let plain_nginx = Nginx::start(protocol, plain_backend).await?;
     let nginx = Nginx::start(protocol, backend).await?;
     let server = format!("nginx drains every {NGINX_KEEPALIVE_REQUESTS} (keepalive_requests)");
