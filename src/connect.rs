@@ -42,7 +42,10 @@
 //! (idempotent methods, an `Idempotency-Key`, [`Idempotent`](crate::Idempotent)) are not
 //! tracked. The proof needs hyper-util's client directly below the retry layer, with
 //! nothing between but layers that pass the request on whole (this crate's breaker,
-//! tower's timeout).
+//! tower's timeout). It reaches only hyper-util's legacy `Client`: reqwest builds its own
+//! connector inside, and a tonic `Channel` drives hyper's connections itself, so their
+//! stranded requests still wait out the attempt timeout (and a POST that does is not
+//! sent again).
 //!
 //! ```
 //! use bytes::Bytes;
