@@ -37,7 +37,7 @@ pin_project! {
         // The service the request's retries go through, made at its first retry.
         retries: Option<S>,
         // The attempt in flight's tracking, if it is tracked (`crate::connect`).
-        handoff: Option<Handoff>,
+        handoff: Option<Box<Handoff>>,
         #[pin]
         state: State<S::Future>,
     }
@@ -72,7 +72,7 @@ where
         copy: Option<Request<B>>,
         sent: Instant,
         future: S::Future,
-        handoff: Option<Handoff>,
+        handoff: Option<Box<Handoff>>,
     ) -> Self {
         ResponseFuture {
             core,

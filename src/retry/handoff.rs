@@ -22,7 +22,7 @@ impl Tracking {
     /// Tracks `req`'s attempt when it may yet be useful: the client's connections are
     /// tracked (or not known yet not to be), and the request is one the layer would not
     /// repeat after a timeout.
-    pub(super) fn attach<B>(&self, req: &mut Request<B>) -> Option<Handoff> {
+    pub(super) fn attach<B>(&self, req: &mut Request<B>) -> Option<Box<Handoff>> {
         if self.0.load(Ordering::Relaxed) == UNTRACKED
             || super::request::safe_to_repeat(req)
             || has_capture(req)
@@ -32,7 +32,7 @@ impl Tracking {
         let handed = Arc::new(AtomicBool::new(false));
         req.extensions_mut().insert(Token(Arc::clone(&handed)));
         let capture = capture_connection(req);
-        Some(Handoff { handed, capture })
+        Some(Box::new(Handoff { handed, capture }))
     }
 
     /// Learns from a tracked attempt's response whether its connection was tracked.

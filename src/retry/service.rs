@@ -52,7 +52,7 @@ pub(super) struct Core<S> {
 
 impl<S> Core<S> {
     /// Tracks an attempt of `request` that may be retried ([`crate::connect`]).
-    pub(super) fn track<B>(&self, request: &mut Request<B>) -> Option<Handoff> {
+    pub(super) fn track<B>(&self, request: &mut Request<B>) -> Option<Box<Handoff>> {
         #[cfg(feature = "hyper-util")]
         return self.tracking.attach(request);
         #[cfg(not(feature = "hyper-util"))]
@@ -64,6 +64,9 @@ impl<S> Core<S> {
 
     /// Whether a tracked attempt that ended with `result` provably never wrote its
     /// request; a response teaches the layer whether the client tracks connections.
+    /// Kept out of line: the success path's poll stays as it was without tracking.
+    #[cold]
+    #[inline(never)]
     pub(super) fn never_written<R, E>(
         &self,
         handoff: &Handoff,
