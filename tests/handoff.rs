@@ -446,3 +446,157 @@ fn tokio_unbounded_send_racing_the_receivers_drop_can_strand_its_message() {
         "no send outlived the receiver's drop in {tries} tries"
     );
 }
+
+/// Runs every task, and says when the first one it was given (an HTTP/2 connection's
+/// own task, which owns its socket) has ended.
+#[derive(Clone, Default)]
+struct WatchingExecutor {
+    spawned: Arc<AtomicUsize>,
+    connection_ended: Arc<Notify>,
+}
+
+impl<F> hyper::rt::Executor<F> for WatchingExecutor
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    fn execute(&self, fut: F) {
+        if self.spawned.fetch_add(1, Ordering::SeqCst) == 0 {
+            let ended = self.connection_ended.clone();
+            tokio::spawn(async move {
+                fut.await;
+                ended.notify_one();
+            });
+        } else {
+            tokio::spawn(fut);
+        }
+    }
+}
+
+/// The proof needs both halves: a POST the server took, whose connection then closed
+/// under it, was written (its token went with it), so its failure is not taken for one
+/// the server never saw, and it is not sent again.
+#[tokio::test]
+async fn a_post_written_before_its_connection_closed_is_not_retried() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let processed = Processed::default();
+    let (took, close) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    {
+        let (seen, took, close) = (processed.clone(), took.clone(), close.clone());
+        tokio::spawn(async move {
+            // The first connection processes the POST and never answers; it is closed on
+            // demand. Any later one answers at once (a wrong retry would get its 200).
+            let mut first = true;
+            while let Ok((stream, _)) = listener.accept().await {
+                let (seen, took) = (seen.clone(), took.clone());
+                let answers = !first;
+                first = false;
+                let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+                    let (seen, took) = (seen.clone(), took.clone());
+                    async move {
+                        let id = request_id(&req);
+                        let _ = req.into_body().collect().await;
+                        *seen.lock().expect("lock").entry(id).or_default() += 1;
+                        took.notify_one();
+                        if !answers {
+                            std::future::pending::<()>().await;
+                        }
+                        Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok"))))
+                    }
+                });
+                let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), service);
+                let close = close.clone();
+                tokio::spawn(async move {
+                    tokio::select! {
+                        _ = conn => {}
+                        () = close.notified(), if !answers => {}
+                    }
+                });
+            }
+        });
+    }
+    let executor = WatchingExecutor::default();
+    let ended = executor.connection_ended.clone();
+    let client = Client::builder(executor)
+        .http2_only(true)
+        .pool_max_idle_per_host(0)
+        .build::<_, Full<Bytes>>(TrackedConnector::new(HttpConnector::new()));
+    // The attempt fails only once its connection is gone, so that the retry layer sees
+    // the connection closed when it looks.
+    let attempt = tower::service_fn(move |req: Request<Full<Bytes>>| {
+        let (client, ended) = (client.clone(), ended.clone());
+        async move {
+            let res = client.request(req).await;
+            if res.is_err() {
+                ended.notified().await;
+            }
+            res.map_err(BoxError::from)
+        }
+    });
+    let policy = RetryPolicy::default();
+    let svc = ServiceBuilder::new()
+        .layer(RetryLayer::new(policy.clone()))
+        .service(attempt);
+    let call = tokio::spawn(svc.oneshot(request(Method::POST, addr, 9)));
+    took.notified().await;
+    close.notify_one();
+    let outcome = call.await.expect("the call's task");
+    assert!(
+        outcome.is_err(),
+        "a POST the server may have processed is not repeated"
+    );
+    let stats = policy.stats();
+    assert_eq!((stats.transparent_retries, stats.retries), (0, 0));
+    assert_eq!(processed.lock().expect("lock").get(&9), Some(&1));
+}
+
+/// What the retry layer adds to a request's extensions (a token and a connection
+/// capture) it adds only where it may prove something: never to a request it may repeat
+/// anyway, and no more once the client below has answered without a tracked connection.
+#[tokio::test]
+async fn requests_reach_an_untracked_client_as_sent_after_its_first_answer() {
+    let seen: Arc<Mutex<Vec<(Method, usize)>>> = Arc::default();
+    let record = seen.clone();
+    let inner = tower::service_fn(move |req: Request<Full<Bytes>>| {
+        record
+            .lock()
+            .expect("lock")
+            .push((req.method().clone(), req.extensions().len()));
+        async { Ok::<_, BoxError>(Response::new(Full::new(Bytes::from_static(b"ok")))) }
+    });
+    let svc = ServiceBuilder::new()
+        .layer(RetryLayer::new(RetryPolicy::default()))
+        .service(inner);
+    let addr: SocketAddr = "127.0.0.1:9".parse().expect("addr");
+    for (id, method) in [
+        Method::GET,
+        Method::POST,
+        Method::GET,
+        Method::POST,
+        Method::POST,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let res = svc
+            .clone()
+            .oneshot(request(method, addr, id as u64))
+            .await
+            .expect("served");
+        assert_eq!(res.status(), 200);
+    }
+    let seen = seen.lock().expect("lock");
+    assert_eq!(
+        *seen,
+        vec![
+            (Method::GET, 0),
+            // The first POST is tracked: the layer does not know the client yet.
+            (Method::POST, 2),
+            (Method::GET, 0),
+            (Method::POST, 0),
+            (Method::POST, 0),
+        ]
+    );
+}
