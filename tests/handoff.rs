@@ -161,13 +161,24 @@ type Kept = Pin<Box<dyn Future<Output = ()> + Send>>;
 /// An executor that runs everything but the first connection's dispatch task, which it
 /// keeps without polling: a request handed to that connection stays in its channel,
 /// unread. It says when that task is kept, and when the first connection's own task
-/// (which owns its socket) has ended.
+/// (which owns its socket) has ended. [`StrandingExecutor::watching`] runs every task and
+/// only says when that connection's task has ended.
 #[derive(Clone, Default)]
 struct StrandingExecutor {
+    runs_everything: bool,
     spawned: Arc<AtomicUsize>,
     kept: Arc<Mutex<Vec<Kept>>>,
     dispatch_kept: Arc<Notify>,
     connection_ended: Arc<Notify>,
+}
+
+impl StrandingExecutor {
+    fn watching() -> Self {
+        StrandingExecutor {
+            runs_everything: true,
+            ..StrandingExecutor::default()
+        }
+    }
 }
 
 impl<F> hyper::rt::Executor<F> for StrandingExecutor
@@ -186,7 +197,7 @@ where
                     ended.notify_one();
                 });
             }
-            1 => {
+            1 if !self.runs_everything => {
                 self.kept.lock().expect("lock").push(Box::pin(async move {
                     fut.await;
                 }));
@@ -447,32 +458,6 @@ fn tokio_unbounded_send_racing_the_receivers_drop_can_strand_its_message() {
     );
 }
 
-/// Runs every task, and says when the first one it was given (an HTTP/2 connection's
-/// own task, which owns its socket) has ended.
-#[derive(Clone, Default)]
-struct WatchingExecutor {
-    spawned: Arc<AtomicUsize>,
-    connection_ended: Arc<Notify>,
-}
-
-impl<F> hyper::rt::Executor<F> for WatchingExecutor
-where
-    F: Future + Send + 'static,
-    F::Output: Send + 'static,
-{
-    fn execute(&self, fut: F) {
-        if self.spawned.fetch_add(1, Ordering::SeqCst) == 0 {
-            let ended = self.connection_ended.clone();
-            tokio::spawn(async move {
-                fut.await;
-                ended.notify_one();
-            });
-        } else {
-            tokio::spawn(fut);
-        }
-    }
-}
-
 /// The proof needs both halves: a POST the server took, whose connection then closed
 /// under it, was written (its token went with it), so its failure is not taken for one
 /// the server never saw, and it is not sent again.
@@ -517,7 +502,7 @@ async fn a_post_written_before_its_connection_closed_is_not_retried() {
             }
         });
     }
-    let executor = WatchingExecutor::default();
+    let executor = StrandingExecutor::watching();
     let ended = executor.connection_ended.clone();
     let client = Client::builder(executor)
         .http2_only(true)
