@@ -29,6 +29,9 @@ use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tower::{ServiceBuilder, ServiceExt};
 
+#[path = "support/server.rs"]
+mod support;
+
 /// The request ids a test server's application processed, with how many times.
 type Processed = Arc<Mutex<HashMap<u64, u32>>>;
 
@@ -49,34 +52,22 @@ fn request(method: Method, addr: SocketAddr, id: u64) -> Request<Full<Bytes>> {
         .expect("request")
 }
 
-/// Serves HTTP/1.1 or HTTP/2 (`h2`) on 127.0.0.1:0, calling `on_request` with each
-/// request's id as its head arrives, and recording what it processed.
-async fn server<F>(h2: bool, on_request: F) -> (SocketAddr, Processed)
+/// The test servers' application: reads each request whole, records it as processed and
+/// answers 200, calling `on_request` with its id as its head arrives.
+fn recording<F>(
+    seen: Processed,
+    on_request: F,
+) -> impl hyper::service::Service<
+    Request<Incoming>,
+    Response = Response<Full<Bytes>>,
+    Error = Infallible,
+    Future: Send,
+> + Send
+       + 'static
 where
-    F: Fn(u64) + Clone + Send + Sync + 'static,
+    F: Fn(u64) + Send + Sync + 'static,
 {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let processed = Processed::default();
-    let seen = processed.clone();
-    tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            tokio::spawn(serve(
-                TokioIo::new(stream),
-                h2,
-                seen.clone(),
-                on_request.clone(),
-            ));
-        }
-    });
-    (addr, processed)
-}
-
-async fn serve<F>(io: TokioIo<tokio::net::TcpStream>, h2: bool, seen: Processed, on_request: F)
-where
-    F: Fn(u64) + Clone + Send + Sync + 'static,
-{
-    let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+    hyper::service::service_fn(move |req: Request<Incoming>| {
         let id = request_id(&req);
         on_request(id);
         let seen = seen.clone();
@@ -85,16 +76,19 @@ where
             *seen.lock().expect("lock").entry(id).or_default() += 1;
             Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok"))))
         }
-    });
-    if h2 {
-        let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-            .serve_connection(io, service)
-            .await;
-    } else {
-        let _ = hyper::server::conn::http1::Builder::new()
-            .serve_connection(io, service)
-            .await;
-    }
+    })
+}
+
+/// Serves HTTP/1.1 and HTTP/2 on 127.0.0.1:0 with [`recording`], and says what it
+/// processed.
+async fn server<F>(on_request: F) -> (SocketAddr, Processed)
+where
+    F: Fn(u64) + Clone + Send + Sync + 'static,
+{
+    let processed = Processed::default();
+    let seen = processed.clone();
+    let addr = support::serve(move || recording(seen.clone(), on_request.clone())).await;
+    (addr, processed)
 }
 
 /// Set when dropped: what the retry layer's token does.
@@ -114,7 +108,7 @@ async fn extensions_are_dropped_before_the_head_is_written(h2: bool) {
     let witnesses: Arc<Mutex<HashMap<u64, Arc<AtomicBool>>>> = Arc::default();
     let alive_at_server: Arc<Mutex<Vec<u64>>> = Arc::default();
     let (lookup, alive) = (witnesses.clone(), alive_at_server.clone());
-    let (addr, processed) = server(h2, move |id| {
+    let (addr, processed) = server(move |id| {
         let dropped = lookup.lock().expect("lock")[&id].load(Ordering::SeqCst);
         if !dropped {
             alive.lock().expect("lock").push(id);
@@ -228,7 +222,11 @@ async fn first_connection_closed_on_demand(close: Arc<Notify>) -> (SocketAddr, P
             drop(first);
         });
         while let Ok((stream, _)) = listener.accept().await {
-            tokio::spawn(serve(TokioIo::new(stream), true, seen.clone(), |_| {}));
+            let service = recording(seen.clone(), |_| {});
+            tokio::spawn(
+                hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), service),
+            );
         }
     });
     (addr, processed)
@@ -335,7 +333,7 @@ async fn a_post_whose_connection_is_still_open_is_not_retried() {
 /// request that carries one (its own would replace it).
 #[tokio::test]
 async fn the_callers_own_connection_capture_still_works() {
-    let (addr, processed) = server(true, |_| {}).await;
+    let (addr, processed) = server(|_| {}).await;
     let client = Client::builder(TokioExecutor::new())
         .http2_only(true)
         .build::<_, Full<Bytes>>(TrackedConnector::new(HttpConnector::new()));

@@ -47,8 +47,12 @@ impl Tracking {
 
 /// Whether `req` already carries a capture of its connection, the caller's own: a
 /// second would replace it, and hyper-util's capture extension cannot be named to look
-/// for it, so a copy of the extensions is asked whether a capture adds an entry.
+/// for it, so a copy of the extensions is asked whether a capture adds an entry (only if
+/// there are any: most requests carry none, and then the probe's capture is not made).
 fn has_capture<B>(req: &Request<B>) -> bool {
+    if req.extensions().is_empty() {
+        return false;
+    }
     let mut probe = Request::new(());
     *probe.extensions_mut() = req.extensions().clone();
     let before = probe.extensions().len();
