@@ -9,7 +9,8 @@
 //!
 //! | cause | meaning |
 //! |---|---|
-//! | h2 `REFUSED_STREAM` or GOAWAY from the server, hyper's or hyper-util's "canceled" (the request was never written: it waited for a connection that closed or was not ready) | the request reached the server but not its application, or never left the client: retried at once, once, for free (a transparent retry, gRFC A6) |
+//! | h2 `REFUSED_STREAM` from the server, hyper's or hyper-util's "canceled" (the request was never written: it waited for a connection that closed or was not ready) | the request reached the server but not its application, or never left the client: retried at once, once, for free (a transparent retry, gRFC A6) |
+//! | h2 GOAWAY from the server | the server drained the connection; the request may or may not have been processed (hyper does not say whether its stream was above the GOAWAY's last stream id): a transparent retry when the request may be repeated anyway, or when a [`TrackedConnector`](crate::connect::TrackedConnector) proves it was not processed; otherwise as a reset |
 //! | hyper-util connect error, tonic's `ConnectError`, `io::ErrorKind::ConnectionRefused` | the request never reached the application, but the dependency may be down: an ordinary retry, for any method |
 //! | `tower::timeout::error::Elapsed`, connection reset or aborted, broken pipe, `io::ErrorKind::TimedOut`, hyper's closed, incomplete or timed-out connections, other h2 stream resets | the request may have been processed: retry idempotent requests only |
 //! | hyper's user errors (the request's own body failed or was cut short; not its "dispatch task is gone", which is looked into), a body that could not be replayed ([`NotReplayable`](crate::NotReplayable)) | the caller's doing, not the dependency's: not retried, and not a breaker failure |
@@ -79,6 +80,16 @@ pub(crate) enum ErrorClass {
     /// The request provably never reached the application, but the failure says the
     /// dependency may be down (the connection was refused): an ordinary retry.
     NotSent,
+    /// The server drained the connection (an HTTP/2 GOAWAY): the request was not
+    /// processed if its stream was above the GOAWAY's last stream id (RFC 9113, 6.8), or
+    /// it was given no stream. hyper does not say which: its HTTP/2 client also hands the
+    /// GOAWAY to a request whose stream it had just opened, one the server may have
+    /// taken (`tests/drain.rs` pins the double POST that followed). So it is a free retry
+    /// for a request that may be repeated anyway, or one proved unprocessed
+    /// (`crate::connect`), and a failure after which the request may have been processed
+    /// otherwise.
+    #[cfg_attr(not(feature = "h2"), allow(dead_code))]
+    Drained,
     /// A transient failure after which the request may have been processed.
     MaybeProcessed,
     /// A circuit breaker refused the call.
@@ -162,6 +173,7 @@ pub(crate) fn classify_chain(err: &(dyn Error + 'static)) -> ErrorClass {
                 ErrorClass::CircuitOpen
                     | ErrorClass::NotSent
                     | ErrorClass::Unprocessed
+                    | ErrorClass::Drained
                     | ErrorClass::Local
             ) {
                 return found;
@@ -213,12 +225,16 @@ fn classify_one(err: &(dyn Error + 'static)) -> Option<ErrorClass> {
     }
     #[cfg(feature = "h2")]
     if let Some(err) = err.downcast_ref::<h2::Error>() {
-        // A REFUSED_STREAM from the peer is its promise that the stream was not
-        // processed (RFC 9113, 8.7); h2 reports a GOAWAY from the peer only to streams
-        // above its last stream id, and to requests made on a connection draining.
+        // A REFUSED_STREAM from the peer is its promise that this stream was not
+        // processed (RFC 9113, 8.7). A GOAWAY from the peer is the connection's: h2 fails
+        // with it the streams above its last stream id and requests made after it, but
+        // hyper's client hands it on as well to a stream it had just opened, which the
+        // server may have taken (`ErrorClass::Drained`).
         let refused = err.reason() == Some(h2::Reason::REFUSED_STREAM);
-        return Some(if (refused || err.is_go_away()) && err.is_remote() {
+        return Some(if refused && err.is_remote() {
             ErrorClass::Unprocessed
+        } else if err.is_go_away() && err.is_remote() {
+            ErrorClass::Drained
         } else if err.is_reset() || err.is_go_away() || err.is_io() {
             // Resets the client sent itself too: over HTTP/2 hyper resets a stream whose
             // request body failed, and the caller sees that reset, not hyper's user

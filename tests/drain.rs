@@ -290,6 +290,9 @@ fn stormguard(protocol: Protocol, policy: RetryPolicy, breaker: CircuitBreaker) 
 struct Failures {
     ids: Vec<u64>,
     timed_out: Vec<u64>,
+    /// The ids of the requests that failed with a GOAWAY the stack could not prove
+    /// came before the server took them.
+    goaway: Vec<u64>,
     first: Option<String>,
     served_late: Vec<u64>,
 }
@@ -329,6 +332,9 @@ async fn run(svc: Svc, addr: SocketAddr) -> Failures {
                     if timed_out(&*err) {
                         failures.timed_out.push(id);
                     }
+                    if goaway(&*err) {
+                        failures.goaway.push(id);
+                    }
                     failures.first.get_or_insert_with(|| describe(&*err));
                 }
             }
@@ -345,6 +351,19 @@ fn timed_out(err: &(dyn std::error::Error + 'static)) -> bool {
     while let Some(cause) = source {
         if cause.is::<tower::timeout::error::Elapsed>() {
             return true;
+        }
+        source = cause.source();
+    }
+    false
+}
+
+/// Whether the error is a GOAWAY from the server (h2's, through hyper).
+fn goaway(err: &(dyn std::error::Error + 'static)) -> bool {
+    let mut source = Some(err);
+    while let Some(cause) = source {
+        #[cfg(feature = "h2")]
+        if let Some(err) = cause.downcast_ref::<h2::Error>() {
+            return err.is_go_away() && err.is_remote();
         }
         source = cause.source();
     }
@@ -419,11 +438,15 @@ async fn drain_test(protocol: Protocol, per_connection: usize, close: Close) {
 /// to `ours` (two servers alike, each with its own record of what it processed, closing
 /// drained connections as `close` says), and asserts what the caller must see.
 ///
-/// One kind of failure at the caller is tolerated, within the 1% bound of lost responses;
-/// every other failure fails the test: against an abrupt close ([`Close::Abrupt`]), a
-/// POST in flight when the close reset the connection. It may have been processed (its
-/// response discarded by the reset) or not (its stream above the GOAWAY's last id, the
-/// reset read before the GOAWAY); nothing tells the two apart, so it is not sent again.
+/// Two kinds of failure at the caller are tolerated, within the 1% bound of lost
+/// responses; every other failure fails the test. Against an abrupt close
+/// ([`Close::Abrupt`]), a POST in flight when the close reset the connection. It may have
+/// been processed (its response discarded by the reset) or not (its stream above the
+/// GOAWAY's last id, the reset read before the GOAWAY); nothing tells the two apart, so
+/// it is not sent again. Over HTTP/2, a POST that failed with the server's GOAWAY which
+/// the tracked connection could not prove unprocessed: hyper hands the GOAWAY to the
+/// request whose stream it opened as the GOAWAY arrived, and the server may have taken
+/// that stream (`a_post_hyper_abandons_at_a_drain_is_never_processed_twice`).
 ///
 /// Now and then hyper-util's HTTP/2 client leaves the requests it hands a connection
 /// around a drain in that connection's dispatch queue, never written, until their
@@ -451,7 +474,14 @@ async fn compare(
     let failures = run(stack, addr).await;
     let (posts_twice, gets_twice) = processed_twice(&processed);
     let processed = processed.lock().expect("lock");
-    let excused = |id: &u64| close == Close::Abrupt && id % 2 == 1;
+    // A POST hyper's HTTP/2 client abandoned at a drain after opening its stream gets
+    // the connection's GOAWAY, like the POSTs the server never took; when the stack
+    // cannot prove which it was (`stormguard::connect`), it is not sent again.
+    let excused = |id: &u64| {
+        id % 2 == 1
+            && (close == Close::Abrupt
+                || (protocol == Protocol::Http2 && failures.goaway.contains(id)))
+    };
     let unexcused: Vec<u64> = failures
         .ids
         .iter()
@@ -470,7 +500,7 @@ async fn compare(
          {server}:\n  \
          no retries: {} errors at the caller\n  \
          stormguard defaults: {} errors ({} of requests the server never processed, \
-         {stalled} timed out), \
+         {stalled} timed out, {} POSTs failed with a GOAWAY not proved unprocessed), \
          {} transparent retries, {} retries, {} budget denials, \
          POSTs processed twice {}, GETs twice {}; \
          served after an attempt's timeout {:?}; \
@@ -478,6 +508,7 @@ async fn compare(
         plain.ids.len(),
         failures.ids.len(),
         unprocessed,
+        failures.goaway.len(),
         stats.transparent_retries,
         stats.retries,
         stats.budget_denied,
@@ -878,4 +909,85 @@ async fn nginx_http2_keepalive_requests_drains_never_reach_the_caller() -> Resul
 #[ignore = "needs nginx (apt-get install nginx-light); .ci/run runs it"]
 async fn nginx_http1_keepalive_requests_drains_never_reach_the_caller() -> Result<(), BoxError> {
     nginx_test(Protocol::Http1).await
+}
+
+/// The double POST of a drain, pinned: hyper's HTTP/2 client hands a request the
+/// connection's GOAWAY error when the GOAWAY is read between opening the request's
+/// stream and its next readiness check, though the stream may be one the GOAWAY names
+/// as taken (at or below its last stream id) and the server acted on it. A GOAWAY error
+/// is therefore no proof on its own that a request was not processed. Against a server
+/// that acts on heads and drains every other stream, the race comes up several times in
+/// 2,000 requests; no POST may be processed twice.
+#[cfg(feature = "h2")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_post_hyper_abandons_at_a_drain_is_never_processed_twice() {
+    // One round meets the race about twice in three runs; four make a miss rare.
+    for round in 1..=4 {
+        let server = raw_h2_server(2, RawH2::Honest).await;
+        let policy = RetryPolicy::default();
+        let failures = run(
+            stormguard(Protocol::Http2, policy.clone(), CircuitBreaker::default()),
+            server.addr,
+        )
+        .await;
+        let (posts_twice, _) = processed_twice(&server.processed);
+        let cancelled = server.cancelled.lock().expect("lock").len();
+        let stats = policy.stats();
+        println!(
+            "round {round}: raw h2 server, acting on heads, two-step GOAWAY every 2 \
+             streams: {} errors, {} transparent retries, POSTs the client cancelled \
+             {cancelled}, POSTs processed twice {posts_twice:?}",
+            failures.ids.len(),
+            stats.transparent_retries,
+        );
+        assert_eq!(posts_twice, Vec::<u64>::new(), "no POST is processed twice");
+    }
+}
+
+/// What the fix rests on, in h2 alone: once a GOAWAY has been read, the client's
+/// readiness check reports it whatever stream was opened before it, here one the server
+/// took and answered. hyper's HTTP/2 client makes that check right after opening each
+/// request's stream and hands its error to that request (`hyper 1.x`,
+/// `proto/h2/client.rs`, `ClientTask::poll`), so a GOAWAY error does not say that the
+/// request's stream was above the last stream id.
+#[cfg(feature = "h2")]
+#[tokio::test]
+async fn h2_reports_a_goaway_at_readiness_whatever_stream_was_opened() {
+    let (client_io, server_io) = tokio::io::duplex(1 << 16);
+    let server = tokio::spawn(async move {
+        let mut conn = h2::server::handshake(server_io).await.expect("handshake");
+        let (_req, mut respond) = conn.accept().await.expect("a stream").expect("stream");
+        // Take stream 1, then drain (a GOAWAY naming every stream), then answer it.
+        conn.graceful_shutdown();
+        respond
+            .send_response(Response::new(()), true)
+            .expect("respond");
+        while let Some(Ok(_)) = conn.accept().await {}
+    });
+    let (send, connection) = h2::client::handshake(client_io).await.expect("handshake");
+    tokio::spawn(connection);
+    let mut send = send.ready().await.expect("ready");
+    let (response, _) = send
+        .send_request(
+            Request::post("http://localhost/orders")
+                .body(())
+                .expect("request"),
+            true,
+        )
+        .expect("stream 1");
+    // Stream 1 was taken: the GOAWAY came before its answer, which arrives.
+    let response = tokio::time::timeout(Duration::from_secs(10), response)
+        .await
+        .expect("in time")
+        .expect("answered");
+    assert_eq!(response.status(), 200);
+    let err = tokio::time::timeout(
+        Duration::from_secs(10),
+        std::future::poll_fn(|cx| send.poll_ready(cx)),
+    )
+    .await
+    .expect("in time")
+    .expect_err("the connection is draining");
+    assert!(err.is_go_away() && err.is_remote(), "{err:?}");
+    server.abort();
 }

@@ -537,7 +537,7 @@ impl CircuitBreaker {
             ErrorClass::CircuitOpen | ErrorClass::Local => Outcome::Ignored,
             // A refused stream or a draining connection: one is a graceful drain, an
             // unbroken run is a dependency that refuses everything.
-            ErrorClass::Unprocessed => Outcome::Refused,
+            ErrorClass::Unprocessed | ErrorClass::Drained => Outcome::Refused,
             _ => Outcome::Failure,
         }
     }

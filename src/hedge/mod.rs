@@ -417,9 +417,10 @@ impl HedgePolicy {
                     ErrorClass::CircuitOpen => Verdict::NonFatal {
                         stop: Some(Stop::CircuitOpen),
                     },
-                    ErrorClass::Unprocessed | ErrorClass::NotSent | ErrorClass::MaybeProcessed => {
-                        Verdict::NonFatal { stop: None }
-                    }
+                    ErrorClass::Unprocessed
+                    | ErrorClass::Drained
+                    | ErrorClass::NotSent
+                    | ErrorClass::MaybeProcessed => Verdict::NonFatal { stop: None },
                     ErrorClass::Local if is_not_replayable(err) => Verdict::NonFatal {
                         stop: Some(Stop::NotReplayable),
                     },

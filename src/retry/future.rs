@@ -122,10 +122,10 @@ where
                 StateProj::Called { future } => {
                     let mut result = ready!(future.poll(cx));
                     // Read while the attempt still holds its request, wherever it is.
-                    let never_written = this
+                    let unprocessed = this
                         .handoff
                         .take()
-                        .is_some_and(|handoff| this.core.never_written(&handoff, &result));
+                        .is_some_and(|handoff| this.core.proved_unprocessed(&handoff, &result));
                     // Drop the attempt (and the request it may still hold) before the
                     // policy looks at the copy: a body the attempt never read is then
                     // handed on to the copy (see `ReplayBody`).
@@ -146,8 +146,8 @@ where
                             this.core.policy.sent_at(*this.sent, this.core.total),
                         )),
                     };
-                    if never_written {
-                        policy.attempt_never_written();
+                    if unprocessed {
+                        policy.attempt_unprocessed();
                     }
                     match Policy::<Request<B>, Response<ResB>, S::Error>::retry(
                         &mut **policy,

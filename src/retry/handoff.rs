@@ -1,13 +1,14 @@
 //! Whether a failed attempt's request was ever written: the retry layer's half of
 //! [`crate::connect`] (its module docs say what is proved, and why it matters).
 
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
 use http::{Extensions, Request, Response};
 use hyper_util::client::legacy::connect::{capture_connection, CaptureConnection};
 
-use crate::connect::Closed;
+use crate::connect::{GoawayPhase, Mark};
+use crate::error_class::ErrorClass;
 
 /// Whether the client below a retry layer tracks its connections, as learned from the
 /// first response of a request the layer tracked.
@@ -29,16 +30,19 @@ impl Tracking {
         {
             return None;
         }
-        let handed = Arc::new(AtomicBool::new(false));
-        req.extensions_mut().insert(Token(Arc::clone(&handed)));
         let capture = capture_connection(req);
-        Some(Box::new(Handoff { handed, capture }))
+        let shared = Arc::new(Shared {
+            handed: AtomicU8::new(NOT_HANDED),
+            capture,
+        });
+        req.extensions_mut().insert(Token(Arc::clone(&shared)));
+        Some(Box::new(Handoff { shared }))
     }
 
     /// Learns from a tracked attempt's response whether its connection was tracked.
     pub(super) fn learn<B>(&self, res: &Response<B>) {
         if self.0.load(Ordering::Relaxed) == UNKNOWN {
-            let tracked = res.extensions().get::<Closed>().is_some();
+            let tracked = res.extensions().get::<Mark>().is_some();
             self.0
                 .store(if tracked { TRACKED } else { UNTRACKED }, Ordering::Relaxed);
         }
@@ -60,45 +64,82 @@ fn has_capture<B>(req: &Request<B>) -> bool {
     probe.extensions().len() == before
 }
 
+/// What an attempt's token and its handoff share: the connection hyper-util gave the
+/// attempt, and whether (and when) its request was handed to that connection's writer.
+struct Shared {
+    /// [`NOT_HANDED`], or 1 + the [`GoawayPhase`] of the connection when it was handed.
+    handed: AtomicU8,
+    capture: CaptureConnection,
+}
+
+const NOT_HANDED: u8 = 0;
+
+impl Shared {
+    /// The mark of the connection the attempt was given, if it is tracked.
+    fn mark(&self) -> Option<Mark> {
+        let metadata = self.capture.connection_metadata();
+        let mut extras = Extensions::new();
+        metadata.as_ref()?.get_extras(&mut extras);
+        extras.remove::<Mark>()
+    }
+}
+
 /// Dropped by whoever drops the request's extensions: hyper, as it hands the request to
-/// a connection's writer. A clone made on the way (a request copied below the retry
-/// layer) marks the request as handed when it is dropped too, which can only err on the
-/// side of "may have been written".
+/// a connection's writer (h2 as it opens the request's stream, or refuses to), or as it
+/// drops a request it never sent. A clone made on the way (a request copied below the
+/// retry layer) marks the request as handed when it is dropped too; only the first drop
+/// counts, which can only err on the side of "may have been written".
 #[derive(Clone)]
-struct Token(Arc<AtomicBool>);
+struct Token(Arc<Shared>);
 
 impl Drop for Token {
     fn drop(&mut self) {
-        self.0.store(true, Ordering::SeqCst);
+        let phase = self
+            .0
+            .mark()
+            .map_or(GoawayPhase::None, |mark| mark.goaway_phase());
+        let _ = self.0.handed.compare_exchange(
+            NOT_HANDED,
+            1 + phase as u8,
+            Ordering::SeqCst,
+            Ordering::SeqCst,
+        );
     }
 }
 
 /// One attempt's tracking: whether its request was handed to a writer, and the
 /// connection hyper-util gave it.
 pub(super) struct Handoff {
-    handed: Arc<AtomicBool>,
-    capture: CaptureConnection,
+    shared: Arc<Shared>,
 }
 
 impl Handoff {
-    /// Whether the attempt, which failed, provably never wrote its request: the
-    /// connection it was given has closed (nothing more is written on it) and, read
-    /// after that, the request was never handed to its writer. Read while the attempt's
-    /// future is still held, before it is dropped.
-    pub(super) fn never_written(&self, tracking: &Tracking) -> bool {
-        let metadata = self.capture.connection_metadata();
-        let Some(connected) = metadata.as_ref() else {
-            return false;
-        };
-        let mut extras = Extensions::new();
-        connected.get_extras(&mut extras);
-        let Some(closed) = extras.get::<Closed>() else {
-            tracking.0.store(UNTRACKED, Ordering::Relaxed);
+    /// Whether the attempt, which failed with an error of `class`, provably left its
+    /// request unprocessed. Read while the attempt's future is still held, before it is
+    /// dropped. Any of three proofs will do:
+    ///
+    /// - the connection it was given has closed (nothing more is written on it) and,
+    ///   read after that, the request was never handed to its writer;
+    /// - the failure is a GOAWAY, and the request was handed over after h2 had acted on
+    ///   the connection's first GOAWAY: h2 then opens no stream for it;
+    /// - the failure is a GOAWAY on a connection where the client wrote a stream above
+    ///   the GOAWAY's last stream id ([`Mark::wrote_above_goaway`]).
+    pub(super) fn unprocessed(&self, class: ErrorClass, tracking: &Tracking) -> bool {
+        let Some(mark) = self.shared.mark() else {
+            if self.shared.capture.connection_metadata().is_some() {
+                tracking.0.store(UNTRACKED, Ordering::Relaxed);
+            }
             return false;
         };
         tracking.0.store(TRACKED, Ordering::Relaxed);
+        let handed = self.shared.handed.load(Ordering::SeqCst);
+        if class == ErrorClass::Drained
+            && (handed == 1 + GoawayPhase::ActedOn as u8 || mark.wrote_above_goaway())
+        {
+            return true;
+        }
         // The order matters: a request not handed over by the time its connection is
         // known closed never will be.
-        closed.is_closed() && !self.handed.load(Ordering::SeqCst)
+        mark.is_closed() && self.shared.handed.load(Ordering::SeqCst) == NOT_HANDED
     }
 }

@@ -113,9 +113,9 @@ impl Free {
     /// Its first call's one wait for a probe's verdict (`probe_wait`).
     const PROBE: Free = Free(2);
     /// Not a free call but a note, carried in the same byte: the attempt that just ended
-    /// provably never wrote its request (`crate::connect`); read and cleared by the
+    /// provably left its request unprocessed (`crate::connect`); read and cleared by the
     /// decision on it.
-    const NEVER_WRITTEN: Free = Free(4);
+    const UNPROCESSED: Free = Free(4);
 
     fn has(self, what: Free) -> bool {
         self.0 & what.0 != 0
@@ -343,11 +343,11 @@ impl RetryPolicy {
         Some(Wait::sleep(delay))
     }
 
-    /// Notes that the attempt about to be decided provably never wrote its request: its
-    /// failure, a timeout most often, is then one the server never saw
-    /// ([`crate::connect`]).
-    pub(super) fn attempt_never_written(&mut self) {
-        self.free.take(Free::NEVER_WRITTEN);
+    /// Notes that the attempt about to be decided provably left its request
+    /// unprocessed: its failure, a timeout or a GOAWAY most often, is then one the server
+    /// never acted on ([`crate::connect`]).
+    pub(super) fn attempt_unprocessed(&mut self) {
+        self.free.take(Free::UNPROCESSED);
     }
 
     /// The one free retry of a request its server refused before its application saw
@@ -606,7 +606,7 @@ where
             self.count_attempt(Class::Success, true);
             return self.finish(result, self.attempts, None);
         }
-        let never_written_note = self.free.clear(Free::NEVER_WRITTEN);
+        let unprocessed_note = self.free.clear(Free::UNPROCESSED);
         let grpc = is_grpc(req);
         // The policy's attempts, backoff and codes, or the gRPC method's own.
         let limits = self.limits(req, grpc);
@@ -632,7 +632,7 @@ where
                 let class = rules.classify_with(res.status(), res.headers(), SystemTime::now);
                 (class, false, false)
             }
-            Err(err) => match never_written(classify_error(err), never_written_note) {
+            Err(err) => match proved(classify_error(err), unprocessed_note, req) {
                 ErrorClass::Unprocessed if !self.free.has(Free::TRANSPARENT) => {
                     self.read_deadline(req);
                     return self.retry_transparently(req, grpc);
@@ -642,7 +642,7 @@ where
                 }
                 // The request may have been processed. A timeout is charged more: the
                 // server may have worked on it for nobody all the while.
-                ErrorClass::MaybeProcessed => (
+                ErrorClass::MaybeProcessed | ErrorClass::Drained => (
                     Class::Retryable { after: None },
                     false,
                     crate::error_class::is_timeout(err),
@@ -776,12 +776,19 @@ where
     }
 }
 
-/// How a failure is taken when its attempt provably never wrote its request
-/// (`never_written`): one after which the request may have been processed (a timeout, a
-/// reset) is then one the server never saw. Any other class stands.
-fn never_written(class: ErrorClass, never_written: bool) -> ErrorClass {
+/// How a failure is taken, given whether its attempt provably left the request
+/// unprocessed (`unprocessed`, from `crate::connect`): one after which the request may
+/// have been processed (a timeout, a reset) is then one the server never saw. A GOAWAY
+/// proves nothing on its own (see [`ErrorClass::Drained`]): it is taken as unprocessed
+/// with that proof, or for a request that may be repeated anyway, and as a failure after
+/// which the request may have been processed otherwise. Any other class stands.
+fn proved<B>(class: ErrorClass, unprocessed: bool, req: &Request<B>) -> ErrorClass {
     match class {
-        ErrorClass::MaybeProcessed if never_written => ErrorClass::Unprocessed,
+        ErrorClass::MaybeProcessed if unprocessed => ErrorClass::Unprocessed,
+        ErrorClass::Drained if unprocessed || super::request::safe_to_repeat(req) => {
+            ErrorClass::Unprocessed
+        }
+        ErrorClass::Drained => ErrorClass::MaybeProcessed,
         class => class,
     }
 }

@@ -62,12 +62,13 @@ impl<S> Core<S> {
         }
     }
 
-    /// Whether a tracked attempt that ended with `result` provably never wrote its
-    /// request; a response teaches the layer whether the client tracks connections.
-    /// Kept out of line: the success path's poll stays as it was without tracking.
+    /// Whether a tracked attempt that ended with `result` provably left its request
+    /// unprocessed ([`Handoff::unprocessed`]); a response teaches the layer whether the
+    /// client tracks connections. Kept out of line: the success path's poll stays as it
+    /// was without tracking.
     #[cold]
     #[inline(never)]
-    pub(super) fn never_written<R, E>(
+    pub(super) fn proved_unprocessed<R, E: 'static>(
         &self,
         handoff: &Handoff,
         result: &Result<Response<R>, E>,
@@ -78,7 +79,9 @@ impl<S> Core<S> {
                 self.tracking.learn(res);
                 false
             }
-            Err(_) => handoff.never_written(&self.tracking),
+            Err(err) => {
+                handoff.unprocessed(crate::error_class::classify_error(err), &self.tracking)
+            }
         };
         #[cfg(not(feature = "hyper-util"))]
         {
