@@ -52,10 +52,18 @@
 //!   (h2 then opens no stream for it);
 //! - the client wrote a stream above the GOAWAY's last stream id. The request hyper
 //!   abandons is the last stream the connection opened, so its stream is above the
-//!   last stream id too.
+//!   last stream id too;
+//! - two or more of the requests the layer tracks failed on the connection with a
+//!   GOAWAY. hyper abandons at most one request on a connection, and then refuses none
+//!   (nor abandons one after refusing), so one of the two had a stream above the last
+//!   stream id, and the abandoned one is above it too. The failures of one GOAWAY come
+//!   together, so a request whose failure proves nothing yet waits for the others, at
+//!   most until its connection closes or as long as its first retry's backoff could
+//!   (200 ms by default).
 //!
-//! What neither proves (a POST caught in the race above when no stream was written past
-//! the GOAWAY's last id) fails at the caller; an `Idempotency-Key` lets it be sent again.
+//! What none proves (a POST hyper abandoned, the only tracked failure on a connection
+//! where no stream was written past the GOAWAY's last id) fails at the caller; an
+//! `Idempotency-Key` lets it be sent again.
 //!
 //! The retry layer learns from the first response of a request it tracks whether the
 //! client below it uses a tracked connector, and stops tracking if not, so a client
@@ -193,6 +201,7 @@ impl<T> Drop for TrackedIo<T> {
     fn drop(&mut self) {
         self.mark.goaway_acted_on();
         self.mark.0.closed.store(true, Ordering::SeqCst);
+        self.mark.0.changed.notify_waiters();
     }
 }
 
@@ -307,6 +316,10 @@ struct MarkState {
     goaway_last: AtomicU32,
     /// How far the connection is with the server's first GOAWAY ([`GoawayPhase`]).
     goaway_phase: AtomicU8,
+    /// How many tracked requests failed on it with a GOAWAY ([`Mark::note_drained`]).
+    drained: AtomicU32,
+    /// Told when `drained` grows or the connection closes.
+    changed: tokio::sync::Notify,
 }
 
 /// How far a connection is with the server's first GOAWAY.
@@ -330,6 +343,8 @@ impl Default for MarkState {
             headers: AtomicU32::new(0),
             goaway_last: AtomicU32::new(NO_GOAWAY),
             goaway_phase: AtomicU8::new(GoawayPhase::None as u8),
+            drained: AtomicU32::new(0),
+            changed: tokio::sync::Notify::new(),
         }
     }
 }
@@ -352,6 +367,47 @@ impl Mark {
     pub(crate) fn wrote_above_goaway(&self) -> bool {
         let last = self.0.goaway_last.load(Ordering::SeqCst);
         last != NO_GOAWAY && self.0.headers.load(Ordering::SeqCst) > last
+    }
+
+    /// Counts a tracked request that failed on the connection with a GOAWAY, and says
+    /// how many have.
+    ///
+    /// Two or more prove that none of them was processed. Each is a request h2 gave no
+    /// stream (the connection had already acted on the GOAWAY), a stream above the
+    /// GOAWAY's last stream id, or the one request hyper abandoned as the GOAWAY was read
+    /// (see [`Mark::wrote_above_goaway`]). hyper opens no stream after the one it
+    /// abandons, and gives none after a request h2 refused, so a connection has at most
+    /// one of those two and never both: with two failures, one is a stream above the
+    /// last stream id, and the abandoned stream, the last opened, is above it too.
+    pub(crate) fn note_drained(&self) -> u32 {
+        let drained = self.0.drained.fetch_add(1, Ordering::SeqCst) + 1;
+        self.0.changed.notify_waiters();
+        drained
+    }
+
+    /// Whether two or more tracked requests failed on the connection with a GOAWAY
+    /// ([`Mark::note_drained`]), or the client wrote a stream above a GOAWAY's last id.
+    pub(crate) fn drain_proved(&self) -> bool {
+        self.0.drained.load(Ordering::SeqCst) >= 2 || self.wrote_above_goaway()
+    }
+
+    /// Waits until the connection's proof that a GOAWAY failure was not processed
+    /// ([`Mark::drain_proved`]) holds, the connection closes, or `limit` passes; says
+    /// whether the proof holds.
+    pub(crate) async fn settle(self, limit: std::time::Duration) -> bool {
+        let _ = tokio::time::timeout(limit, async {
+            loop {
+                let changed = self.0.changed.notified();
+                tokio::pin!(changed);
+                changed.as_mut().enable();
+                if self.drain_proved() || self.is_closed() {
+                    return;
+                }
+                changed.await;
+            }
+        })
+        .await;
+        self.drain_proved()
     }
 
     /// How far the connection is with the server's first GOAWAY.
@@ -505,6 +561,7 @@ impl Frames {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     fn frame(kind: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
         let len = payload.len() as u32;
@@ -578,6 +635,38 @@ mod tests {
         follow_in_pieces(&mut frames, b"POST / HTTP/1.1\r\n\r\n", &mark, 3);
         assert!(frames.is_off());
         assert_eq!(mark.0.headers.load(Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_second_goaway_failure_settles_the_first() {
+        let mark = Mark::default();
+        assert_eq!(mark.note_drained(), 1);
+        let waiting = tokio::spawn(mark.clone().settle(Duration::from_millis(200)));
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        assert!(!waiting.is_finished(), "one failure alone proves nothing");
+        assert_eq!(mark.note_drained(), 2);
+        assert!(waiting.await.expect("settled"), "two do");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lone_goaway_failure_is_given_up_at_the_limit_or_the_close() {
+        let mark = Mark::default();
+        mark.note_drained();
+        let started = tokio::time::Instant::now();
+        assert!(!mark.clone().settle(Duration::from_millis(200)).await);
+        assert_eq!(started.elapsed(), Duration::from_millis(200));
+
+        let mark = Mark::default();
+        mark.note_drained();
+        let waiting = tokio::spawn(mark.clone().settle(Duration::from_secs(60)));
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        mark.0.closed.store(true, Ordering::SeqCst);
+        mark.0.changed.notify_waiters();
+        assert!(!waiting.await.expect("settled"));
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "the close ends the wait"
+        );
     }
 
     #[test]

@@ -12,13 +12,14 @@ use pin_project_lite::pin_project;
 use tower::retry::Policy;
 use tower_service::Service;
 
-use super::service::Core;
+use super::service::{Core, Proved};
 use stormguard_core::Class;
 
 use super::shared::plain_success;
 use super::{Handoff, RetryPolicy, Wait};
 
 pin_project! {
+    #[project = ResponseFutureProj]
     /// The response of a call through [`Retry`](super::Retry): the first attempt, then
     /// each retry the policy decides on, after its wait, until an outcome is handed
     /// back.
@@ -38,6 +39,9 @@ pin_project! {
         retries: Option<S>,
         // The attempt in flight's tracking, if it is tracked (`crate::connect`).
         handoff: Option<Box<Handoff>>,
+        // A failed attempt's outcome, held while its connection settles whether it
+        // proves the request unprocessed (`crate::connect`).
+        held: Option<Box<Result<S::Response, S::Error>>>,
         #[pin]
         state: State<S::Future>,
     }
@@ -58,6 +62,10 @@ pin_project! {
         },
         // Waiting for the service to be ready for the next attempt.
         Retrying,
+        // A failed attempt's connection settles whether its request was processed.
+        Settling {
+            settle: Pin<Box<dyn Future<Output = bool> + Send>>,
+        },
         // An attempt has ended and its future is gone: the policy decides.
         Deciding,
     }
@@ -81,6 +89,7 @@ where
             policy: None,
             retries: None,
             handoff,
+            held: None,
             state: State::Called { future },
         }
     }
@@ -95,6 +104,7 @@ where
             State::Called { .. } => "called",
             State::Waiting { .. } => "waiting",
             State::Retrying => "retrying",
+            State::Settling { .. } => "settling",
             State::Deciding => "deciding",
         };
         f.debug_struct("ResponseFuture")
@@ -120,42 +130,37 @@ where
         loop {
             match this.state.as_mut().project() {
                 StateProj::Called { future } => {
-                    let mut result = ready!(future.poll(cx));
+                    let result = ready!(future.poll(cx));
                     // Read while the attempt still holds its request, wherever it is.
-                    let unprocessed = this
-                        .handoff
-                        .take()
-                        .is_some_and(|handoff| this.core.proved_unprocessed(&handoff, &result));
+                    let proved = match this.handoff.take() {
+                        Some(handoff) => this.core.proved_unprocessed(&handoff, &result),
+                        None => Proved::No,
+                    };
                     // Drop the attempt (and the request it may still hold) before the
                     // policy looks at the copy: a body the attempt never read is then
                     // handed on to the copy (see `ReplayBody`).
                     this.state.set(State::Deciding);
-                    let Some(copy) = this.copy.as_mut() else {
-                        return Poll::Ready(result);
-                    };
-                    let policy = match this.policy {
-                        Some(policy) => policy,
-                        None if result.as_ref().is_ok_and(plain_success) => {
-                            // What the policy's own fast path records, for attempt 1.
-                            let shared = &this.core.policy.shared;
-                            shared.record_outcome(Class::Success, true);
-                            shared.call_ended(1);
-                            return Poll::Ready(result);
+                    let unprocessed = match proved {
+                        Proved::Yes => true,
+                        Proved::No => false,
+                        Proved::Later(settle) => {
+                            *this.held = Some(Box::new(result));
+                            this.state.set(State::Settling { settle });
+                            continue;
                         }
-                        None => this.policy.insert(Box::new(
-                            this.core.policy.sent_at(*this.sent, this.core.total),
-                        )),
                     };
-                    if unprocessed {
-                        policy.attempt_unprocessed();
+                    if let Some(result) = this.decide(result, unprocessed) {
+                        return Poll::Ready(result);
                     }
-                    match Policy::<Request<B>, Response<ResB>, S::Error>::retry(
-                        &mut **policy,
-                        copy,
-                        &mut result,
-                    ) {
-                        Some(wait) => this.state.set(State::Waiting { wait }),
-                        None => return Poll::Ready(result),
+                }
+                StateProj::Settling { settle } => {
+                    let unprocessed = ready!(settle.as_mut().poll(cx));
+                    this.state.set(State::Deciding);
+                    let Some(result) = this.held.take() else {
+                        unreachable!("settling without the attempt's outcome");
+                    };
+                    if let Some(result) = this.decide(*result, unprocessed) {
+                        return Poll::Ready(result);
                     }
                 }
                 StateProj::Waiting { wait } => {
@@ -188,6 +193,53 @@ where
                     this.state.set(State::Called { future });
                 }
             }
+        }
+    }
+}
+
+impl<S, B, ResB> ResponseFutureProj<'_, S, B>
+where
+    S: Service<Request<B>, Response = Response<ResB>> + Clone,
+    S::Error: 'static,
+    B: Clone,
+{
+    /// The policy's decision on an attempt's outcome (`unprocessed`: the attempt proved
+    /// its request unprocessed): the outcome to hand back, or `None` with the state set
+    /// to the wait before the next attempt.
+    fn decide(
+        &mut self,
+        mut result: Result<Response<ResB>, S::Error>,
+        unprocessed: bool,
+    ) -> Option<Result<Response<ResB>, S::Error>> {
+        let Some(copy) = self.copy.as_mut() else {
+            return Some(result);
+        };
+        let policy = match self.policy {
+            Some(policy) => policy,
+            None if result.as_ref().is_ok_and(plain_success) => {
+                // What the policy's own fast path records, for attempt 1.
+                let shared = &self.core.policy.shared;
+                shared.record_outcome(Class::Success, true);
+                shared.call_ended(1);
+                return Some(result);
+            }
+            None => self.policy.insert(Box::new(
+                self.core.policy.sent_at(*self.sent, self.core.total),
+            )),
+        };
+        if unprocessed {
+            policy.attempt_unprocessed();
+        }
+        match Policy::<Request<B>, Response<ResB>, S::Error>::retry(
+            &mut **policy,
+            copy,
+            &mut result,
+        ) {
+            Some(wait) => {
+                self.state.set(State::Waiting { wait });
+                None
+            }
+            None => Some(result),
         }
     }
 }

@@ -113,33 +113,50 @@ pub(super) struct Handoff {
     shared: Arc<Shared>,
 }
 
+/// What a failed tracked attempt proves of its request.
+pub(super) enum Proof {
+    /// It was not processed.
+    Unprocessed,
+    /// Nothing.
+    None,
+    /// It failed with a GOAWAY: not processed if the connection's proof comes
+    /// ([`Mark::settle`]).
+    Settle(Mark),
+}
+
 impl Handoff {
-    /// Whether the attempt, which failed with an error of `class`, provably left its
-    /// request unprocessed. Read while the attempt's future is still held, before it is
-    /// dropped. Any of three proofs will do:
+    /// What the attempt, which failed with an error of `class`, proves of its request.
+    /// Read while the attempt's future is still held, before it is dropped. The request
+    /// was not processed when:
     ///
     /// - the connection it was given has closed (nothing more is written on it) and,
     ///   read after that, the request was never handed to its writer;
     /// - the failure is a GOAWAY, and the request was handed over after h2 had acted on
     ///   the connection's first GOAWAY: h2 then opens no stream for it;
-    /// - the failure is a GOAWAY on a connection where the client wrote a stream above
-    ///   the GOAWAY's last stream id ([`Mark::wrote_above_goaway`]).
-    pub(super) fn unprocessed(&self, class: ErrorClass, tracking: &Tracking) -> bool {
+    /// - the failure is a GOAWAY, and the connection proves that none of its GOAWAY
+    ///   failures was processed ([`Mark::drain_proved`]), now or soon: the failures of
+    ///   one GOAWAY come together, so the proof may be a moment behind this one.
+    pub(super) fn unprocessed(&self, class: ErrorClass, tracking: &Tracking) -> Proof {
         let Some(mark) = self.shared.mark() else {
             if self.shared.capture.connection_metadata().is_some() {
                 tracking.0.store(UNTRACKED, Ordering::Relaxed);
             }
-            return false;
+            return Proof::None;
         };
         tracking.0.store(TRACKED, Ordering::Relaxed);
-        let handed = self.shared.handed.load(Ordering::SeqCst);
-        if class == ErrorClass::Drained
-            && (handed == 1 + GoawayPhase::ActedOn as u8 || mark.wrote_above_goaway())
-        {
-            return true;
+        if class == ErrorClass::Drained {
+            mark.note_drained();
+            let handed = self.shared.handed.load(Ordering::SeqCst);
+            if handed == 1 + GoawayPhase::ActedOn as u8 || mark.drain_proved() {
+                return Proof::Unprocessed;
+            }
+            return Proof::Settle(mark);
         }
         // The order matters: a request not handed over by the time its connection is
         // known closed never will be.
-        mark.is_closed() && self.shared.handed.load(Ordering::SeqCst) == NOT_HANDED
+        if mark.is_closed() && self.shared.handed.load(Ordering::SeqCst) == NOT_HANDED {
+            return Proof::Unprocessed;
+        }
+        Proof::None
     }
 }

@@ -1,6 +1,8 @@
 //! The retrying service, [`Retry`].
 
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -9,6 +11,8 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use super::future::ResponseFuture;
+#[cfg(feature = "hyper-util")]
+use super::handoff::Proof;
 use super::Handoff;
 use super::RetryPolicy;
 
@@ -62,25 +66,33 @@ impl<S> Core<S> {
         }
     }
 
-    /// Whether a tracked attempt that ended with `result` provably left its request
-    /// unprocessed ([`Handoff::unprocessed`]); a response teaches the layer whether the
-    /// client tracks connections. Kept out of line: the success path's poll stays as it
-    /// was without tracking.
+    /// What a tracked attempt that ended with `result` proves of its request
+    /// ([`Handoff::unprocessed`]); a response teaches the layer whether the client tracks
+    /// connections. Kept out of line: the success path's poll stays as it was without
+    /// tracking.
     #[cold]
     #[inline(never)]
     pub(super) fn proved_unprocessed<R, E: 'static>(
         &self,
         handoff: &Handoff,
         result: &Result<Response<R>, E>,
-    ) -> bool {
+    ) -> Proved {
         #[cfg(feature = "hyper-util")]
         return match result {
             Ok(res) => {
                 self.tracking.learn(res);
-                false
+                Proved::No
             }
             Err(err) => {
-                handoff.unprocessed(crate::error_class::classify_error(err), &self.tracking)
+                let class = crate::error_class::classify_error(err);
+                match handoff.unprocessed(class, &self.tracking) {
+                    Proof::Unprocessed => Proved::Yes,
+                    Proof::None => Proved::No,
+                    // Waited for at most as long as the first retry's backoff could be.
+                    Proof::Settle(mark) => {
+                        Proved::Later(Box::pin(mark.settle(self.policy.shared.backoff.ceiling(0))))
+                    }
+                }
             }
         };
         #[cfg(not(feature = "hyper-util"))]
@@ -89,6 +101,18 @@ impl<S> Core<S> {
             match *handoff {}
         }
     }
+}
+
+/// What a failed attempt proved of its request ([`Core::proved_unprocessed`]).
+pub(super) enum Proved {
+    /// It was not processed.
+    #[cfg_attr(not(feature = "hyper-util"), allow(dead_code))]
+    Yes,
+    /// Nothing.
+    No,
+    /// Whether it was not processed, once the connection it used has settled.
+    #[cfg_attr(not(feature = "hyper-util"), allow(dead_code))]
+    Later(Pin<Box<dyn Future<Output = bool> + Send>>),
 }
 
 impl<S: Clone> Core<S> {
