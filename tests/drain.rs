@@ -272,7 +272,22 @@ fn no_retries(protocol: Protocol) -> Svc {
 /// The standard stack's layers with the default policy and breaker, over a client whose
 /// connections are tracked (`stormguard::connect`).
 fn stormguard(protocol: Protocol, policy: RetryPolicy, breaker: CircuitBreaker) -> Svc {
-    let client = client(protocol, TrackedConnector::new(HttpConnector::new()));
+    stack(
+        client(protocol, TrackedConnector::new(HttpConnector::new())),
+        policy,
+        breaker,
+    )
+}
+
+/// The same stack over a client built the usual way, without a `TrackedConnector`.
+fn stormguard_untracked(protocol: Protocol, policy: RetryPolicy, breaker: CircuitBreaker) -> Svc {
+    stack(client(protocol, HttpConnector::new()), policy, breaker)
+}
+
+fn stack<C>(client: Client<C, Full<Bytes>>, policy: RetryPolicy, breaker: CircuitBreaker) -> Svc
+where
+    C: hyper_util::client::legacy::connect::Connect + Clone + Send + Sync + 'static,
+{
     BoxCloneService::new(
         ServiceBuilder::new()
             .map_response(|r: Response<ResponseBody<Incoming>>| r.map(ResponseBody::into_inner))
@@ -411,14 +426,18 @@ fn assert_refusals_alone_never_open(breaker: &CircuitBreaker) {
 
 async fn drain_test(protocol: Protocol, per_connection: usize, close: Close) {
     let (plain_addr, plain_processed, _) = draining_server(protocol, per_connection, close).await;
+    let (bare_addr, bare_processed, _) = draining_server(protocol, per_connection, close).await;
     let (addr, processed, drains) = draining_server(protocol, per_connection, close).await;
     let server = format!("server drains every {per_connection}, {close:?} close");
     compare(
         protocol,
         &server,
         close,
-        (plain_addr, plain_processed),
-        (addr, processed),
+        [
+            (plain_addr, plain_processed),
+            (bare_addr, bare_processed),
+            (addr, processed),
+        ],
     )
     .await;
     // The requests met drains. A connection is drained at its `per_connection`-th
@@ -434,9 +453,11 @@ async fn drain_test(protocol: Protocol, per_connection: usize, close: Close) {
     );
 }
 
-/// Sends the same requests without retries to `plain` and through stormguard's defaults
-/// to `ours` (two servers alike, each with its own record of what it processed, closing
-/// drained connections as `close` says), and asserts what the caller must see.
+/// Sends the same requests without retries to the first server, through stormguard's
+/// defaults over a client without a `TrackedConnector` to the second, and over one with
+/// it to the third (three servers alike, each with its own record of what it processed,
+/// closing drained connections as `close` says), and asserts what the caller must see.
+/// Without the connector, only that no POST is processed twice: the errors are printed.
 ///
 /// Two kinds of failure at the caller are tolerated, within the 1% bound of lost
 /// responses; every other failure fails the test. Against an abrupt close
@@ -457,8 +478,8 @@ async fn compare(
     protocol: Protocol,
     server: &str,
     close: Close,
-    (plain_addr, plain_processed): (SocketAddr, Processed),
-    (addr, processed): (SocketAddr, Processed),
+    [(plain_addr, plain_processed), (bare_addr, bare_processed), (addr, processed)]: [(SocketAddr, Processed);
+        3],
 ) {
     let plain = run(no_retries(protocol), plain_addr).await;
     let (plain_posts, _) = processed_twice(&plain_processed);
@@ -466,6 +487,29 @@ async fn compare(
         plain_posts,
         Vec::<u64>::new(),
         "no retries: nothing is sent twice"
+    );
+
+    let bare_policy = RetryPolicy::default();
+    let bare = run(
+        stormguard_untracked(protocol, bare_policy.clone(), CircuitBreaker::default()),
+        bare_addr,
+    )
+    .await;
+    let (bare_posts, _) = processed_twice(&bare_processed);
+    println!(
+        "  stormguard defaults, no TrackedConnector: {} errors ({} timed out, {} POSTs \
+         failed with a GOAWAY not proved unprocessed), {} transparent retries, POSTs \
+         processed twice {}",
+        bare.ids.len(),
+        bare.timed_out.len(),
+        bare.goaway.len(),
+        bare_policy.stats().transparent_retries,
+        bare_posts.len(),
+    );
+    assert_eq!(
+        bare_posts,
+        Vec::<u64>::new(),
+        "without the connector too, no POST is processed twice"
     );
 
     let policy = RetryPolicy::default();
@@ -878,9 +922,12 @@ impl Drop for Nginx {
 async fn nginx_test(protocol: Protocol) -> Result<(), BoxError> {
     let (plain_backend, plain_processed, _) =
         draining_server(Protocol::Http1, usize::MAX, Close::Lingering).await;
+    let (bare_backend, bare_processed, _) =
+        draining_server(Protocol::Http1, usize::MAX, Close::Lingering).await;
     let (backend, processed, _) =
         draining_server(Protocol::Http1, usize::MAX, Close::Lingering).await;
     let plain_nginx = Nginx::start(protocol, plain_backend).await?;
+    let bare_nginx = Nginx::start(protocol, bare_backend).await?;
     let nginx = Nginx::start(protocol, backend).await?;
     let server = format!("nginx drains every {NGINX_KEEPALIVE_REQUESTS} (keepalive_requests)");
     compare(
@@ -888,8 +935,11 @@ async fn nginx_test(protocol: Protocol) -> Result<(), BoxError> {
         &server,
         // nginx closes a drained connection with a lingering close.
         Close::Lingering,
-        (plain_nginx.addr, plain_processed),
-        (nginx.addr, processed),
+        [
+            (plain_nginx.addr, plain_processed),
+            (bare_nginx.addr, bare_processed),
+            (nginx.addr, processed),
+        ],
     )
     .await;
     Ok(())
