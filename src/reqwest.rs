@@ -65,6 +65,17 @@
 //! budget, leave them on and a refused request may be sent three times (reqwest's
 //! retry, then stormguard's transparent one) from two budgets that do not know of
 //! each other; turn them off with `ClientBuilder::retry(reqwest::retry::never())`.
+//!
+//! # Drains
+//!
+//! A request that fails with an HTTP/2 server's GOAWAY may or may not have been
+//! processed: hyper, under reqwest, hands the GOAWAY to the request whose stream it
+//! opened as the GOAWAY arrived, which the server may have taken
+//! ([`connect`](crate::connect) has the details). stormguard cannot track reqwest's
+//! connections, so such a request is sent again only when it may be repeated anyway (an
+//! idempotent method, an `Idempotency-Key`, [`Idempotent`]): a POST caught by a drain
+//! fails at the caller rather than risk being processed twice. Give POSTs that must
+//! survive drains an `Idempotency-Key` the server deduplicates on.
 
 use std::future::Future;
 use std::pin::Pin;

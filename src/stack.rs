@@ -291,6 +291,12 @@ impl StandardStack {
 
     /// The stack over a tonic `Channel` (or any service of tonic's body type).
     ///
+    /// A call that fails with an HTTP/2 server's GOAWAY (a drain, a rolling restart) may
+    /// or may not have been processed, and stormguard cannot track a `Channel`'s
+    /// connections ([`connect`](crate::connect) has the details): it is sent again only
+    /// when marked [`Idempotent`](crate::Idempotent); otherwise it fails at the caller
+    /// rather than risk being processed twice.
+    ///
     /// ```no_run
     /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
     /// use stormguard::stack::{GrpcStack, StandardStack};
