@@ -11,7 +11,7 @@ use stormguard_core::{Backoff, ConfigError, RetryBudget};
 
 use crate::body::DEFAULT_MAX_REPLAY_BYTES;
 
-use super::policy::{Free, Limits, RequestDeadline, RetryPolicy};
+use super::policy::{Limits, RequestDeadline, RetryPolicy};
 use super::shared::{Counters, Shared};
 
 /// Builds a [`RetryPolicy`]; every setting has a default.
@@ -241,13 +241,9 @@ impl RetryPolicyBuilder {
                 next_stream: AtomicU64::new(0),
                 counters: Counters::default(),
             }),
-            attempts: 0,
-            admitted: 0,
-            expensive_pending: false,
-            free: Free::NONE,
-            refusals: 0,
+            retry: stormguard_core::retry::RequestRetry::new(),
+            unprocessed: false,
             deadline: RequestDeadline::Unsent,
-            streams: None,
         }
     }
 }

@@ -38,6 +38,7 @@ pub mod hedge;
 pub mod methods;
 mod pace;
 pub mod redelivery;
+pub mod retry;
 pub mod retry_after;
 mod sync;
 pub mod throttle;

@@ -1,0 +1,817 @@
+//! One request's retries, decided: the state machine every driver of a retry runs.
+//!
+//! A [`RequestRetry`] is made for each request and told the outcome of each of its calls
+//! ([`Attempt`]): what the server answered, as classified, or what is known of a failure
+//! (never sent, refused unprocessed, maybe processed, refused by a circuit breaker). It
+//! answers with a [`Decision`]: hand the outcome back (and why, if the request gave
+//! up), or send the request again, at once or after a wait. It keeps the request's
+//! attempts, its free calls (the one transparent retry, the one wait for a probe), the
+//! refusals of its retries it waited out and the retries the budget admitted, and it
+//! settles them with the [`RetryBudget`] when the request ends. It never reads a clock:
+//! each call is given `now` ([`Env`]).
+//!
+//! stormguard's retry layer, its reqwest middleware and the fleet simulator drive this one
+//! machine; the drivers classify outcomes and send requests, and decide nothing.
+//!
+//! ```
+//! use std::time::{Duration, Instant};
+//! use stormguard_core::retry::{Attempt, Decision, Env, Request, RequestRetry};
+//! use stormguard_core::{Backoff, Class, Jitter, RetryBudget};
+//!
+//! let budget = RetryBudget::default();
+//! let now = Instant::now();
+//! budget.deposit(now);
+//! let backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(1), Jitter::Full)?;
+//! let request = Request::new(3, backoff);
+//! let mut retry = RequestRetry::new();
+//! let mut env = Env::new(now, &budget);
+//! // A 503: retried after a backoff, on the budget's allowance.
+//! let decided = retry.decide(&mut env, &request, Attempt::Answered {
+//!     class: Class::Retryable { after: None },
+//!     any_method: false,
+//! });
+//! assert!(matches!(decided.decision, Decision::Retry { attempts: 1, .. }));
+//! // Then a success: handed back, after two attempts.
+//! let decided = retry.decide(&mut env, &request, Attempt::Answered {
+//!     class: Class::Success,
+//!     any_method: false,
+//! });
+//! assert_eq!(decided.decision, Decision::Done { attempts: 2, give_up: None });
+//! # Ok::<(), stormguard_core::ConfigError>(())
+//! ```
+
+mod give_up;
+
+use std::time::{Duration, Instant};
+
+use rand::rngs::SmallRng;
+use rand::{RngExt, SeedableRng};
+
+use crate::breaker::{self, CircuitState};
+use crate::deadline::Deadline;
+use crate::methods::MAX_ATTEMPTS as GRPC_MAX_ATTEMPTS;
+use crate::throttle::RetryThrottle;
+use crate::{Backoff, Class, RetryBudget, Schedule};
+
+pub use give_up::GiveUp;
+
+/// What is known of one call of a request, as its driver classified it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Attempt {
+    /// The server answered. `any_method`: the answer says the request may be sent again
+    /// whatever its method (a gRPC code the configuration calls retryable, gRFC A6).
+    Answered {
+        /// The answer, classified.
+        class: Class,
+        /// Whether a retryable answer allows a retry whatever the request's method.
+        any_method: bool,
+    },
+    /// The call failed, and it is proved that the request never reached the server's
+    /// application (refused unprocessed, never written): worth one free, immediate
+    /// retry (a transparent retry, gRFC A6), then taken as [`Attempt::NotSent`].
+    Unprocessed,
+    /// The call failed before reaching the application, but the dependency may be down
+    /// (the connection was refused): an ordinary retry, whatever the method.
+    NotSent,
+    /// The call failed after which the request may have been processed (a reset, a
+    /// timeout): an ordinary retry if the request may be repeated. `timed_out`: the
+    /// server may have worked on it for nobody all the while, and it is charged more.
+    MaybeProcessed {
+        /// Whether the call timed out.
+        timed_out: bool,
+    },
+    /// The call failed for a reason a retry will not change (the caller's own doing, or
+    /// nothing recognised).
+    Permanent,
+    /// A circuit breaker refused the call: it never left the client. `None` for an
+    /// isolated circuit, which stays open until reset.
+    Refused(Option<Refusal>),
+}
+
+/// What a circuit breaker's refusal says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Refusal {
+    /// How long until the circuit lets a probe through.
+    pub remaining: Duration,
+    /// How long the circuit has been away from Closed.
+    pub open_for: Duration,
+    /// The break the circuit is in.
+    pub break_duration: Duration,
+    /// The circuit's state when it refused.
+    pub state: CircuitState,
+}
+
+/// What one request allows, as its driver knows it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Request {
+    /// Calls at most, the first included.
+    pub max_attempts: u32,
+    /// The waits between them.
+    pub backoff: Backoff,
+    /// Whether the request may be sent again whatever the failure: an idempotent
+    /// method, an `Idempotency-Key`, or the caller's say-so.
+    pub may_repeat: bool,
+    /// Whether its body can be sent again.
+    pub replayable: bool,
+    /// Whether it is a gRPC call: at most five attempts (gRFC A6), and a server's
+    /// pushback is waited exactly, with the backoff started over.
+    pub grpc: bool,
+    /// Whether the request must be sent once only (an upstream asked so).
+    pub once: bool,
+}
+
+impl Request {
+    /// A request with these limits that may be repeated, whose body can be sent again.
+    pub fn new(max_attempts: u32, backoff: Backoff) -> Self {
+        Request {
+            max_attempts,
+            backoff,
+            may_repeat: true,
+            replayable: true,
+            grpc: false,
+            once: false,
+        }
+    }
+}
+
+/// What a decision is made with: the time, the shared budget and throttle, and the
+/// request's deadline and random stream.
+#[allow(missing_debug_implementations)]
+pub struct Env<'a> {
+    /// The time of the decision.
+    pub now: Instant,
+    /// The retry budget shared by the dependency's requests.
+    pub budget: &'a RetryBudget,
+    /// gRPC's retry throttle, when the service config has one.
+    pub throttle: Option<&'a RetryThrottle>,
+    /// The longest server hint waited for; a longer one gives up.
+    pub max_retry_after: Duration,
+    /// When the caller stops waiting, if it does.
+    pub deadline: Option<Deadline>,
+    /// Gives the seed of the request's random stream, asked at its first draw; without
+    /// it, or when it gives `None`, the stream is seeded from the thread's generator.
+    pub seed: Option<&'a mut (dyn FnMut() -> Option<u64> + 'a)>,
+}
+
+impl<'a> Env<'a> {
+    /// An environment at `now` with `budget`, no throttle, no deadline, server hints
+    /// waited up to 20 s, and an unseeded random stream.
+    pub fn new(now: Instant, budget: &'a RetryBudget) -> Self {
+        Env {
+            now,
+            budget,
+            throttle: None,
+            max_retry_after: Duration::from_secs(20),
+            deadline: None,
+            seed: None,
+        }
+    }
+
+    /// Whether a call sent `delay` from now would start past the deadline.
+    fn outlasts_deadline(&self, delay: Duration) -> bool {
+        self.deadline.is_some_and(|d| !d.allows(self.now, delay))
+    }
+}
+
+/// How a request is sent again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Hand the outcome back: the request took `attempts` calls, and gave up for
+    /// `give_up` (`None`: it was served, or the outcome is final by its nature).
+    Done {
+        /// Calls made, the last included.
+        attempts: u32,
+        /// Why the request stopped short of success, if it did.
+        give_up: Option<GiveUp>,
+    },
+    /// Send it again at once, free: the server refused it unprocessed. Not an attempt,
+    /// nothing asked of the budget.
+    Transparent {
+        /// Attempts made so far.
+        attempts: u32,
+    },
+    /// Ask the circuit again after `delay`: the call never left the client, so it is no
+    /// attempt. `probe`: a first call waiting for the probe's verdict.
+    Refused {
+        /// The wait.
+        delay: Duration,
+        /// Attempts made so far.
+        attempts: u32,
+        /// Whether it is a first call's one wait for the probe.
+        probe: bool,
+    },
+    /// Retry after `delay`, admitted by the budget.
+    Retry {
+        /// The wait.
+        delay: Duration,
+        /// Attempts made so far.
+        attempts: u32,
+    },
+}
+
+/// A [`Decision`], and the attempt it counted, if any (with the class its outcome was
+/// taken as), for the driver's statistics.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Decided {
+    /// What to do.
+    pub decision: Decision,
+    /// The call counted as an attempt, and its class; `None` for a call that was not
+    /// one (refused by the circuit, or by the server unprocessed).
+    pub counted: Option<Class>,
+}
+
+/// One request's retries: see the [module docs](self).
+#[derive(Debug, Clone, Default)]
+pub struct RequestRetry {
+    attempts: u32,
+    /// The one transparent retry was made.
+    transparent: bool,
+    /// The first call's one wait for a probe was made.
+    probe_waited: bool,
+    /// Refusals of this request's retries waited out: at most as many as its retries.
+    refusals: u8,
+    /// Retries admitted by the budget and not yet settled (attempts are capped at 100).
+    admitted: u8,
+    /// A call timed out and is not yet charged for it: charged once its own retry is
+    /// decided.
+    expensive_pending: bool,
+    streams: Option<Box<Streams>>,
+}
+
+/// One request's random draws: its backoff schedule and the jitter on server hints.
+#[derive(Debug, Clone)]
+struct Streams {
+    schedule: Schedule,
+    rng: SmallRng,
+}
+
+impl RequestRetry {
+    /// A request not yet sent.
+    pub fn new() -> Self {
+        RequestRetry::default()
+    }
+
+    /// Attempts made so far (a transparent retry, or a call the circuit refused, is not
+    /// one).
+    pub fn attempts(&self) -> u32 {
+        self.attempts
+    }
+
+    /// Whether the request has made no call yet.
+    pub fn is_unsent(&self) -> bool {
+        self.attempts == 0 && !self.transparent && !self.probe_waited && self.refusals == 0
+    }
+
+    /// Counts a call that succeeded, and settles the request with the budget: its last
+    /// retry, which succeeded, costs nothing. Returns the attempts made.
+    pub fn served(
+        &mut self,
+        now: Instant,
+        budget: &RetryBudget,
+        throttle: Option<&RetryThrottle>,
+    ) -> u32 {
+        self.attempts += 1;
+        if let Some(throttle) = throttle {
+            throttle.record_success();
+        }
+        self.charge_expensive(now, budget);
+        self.settle(now, budget, true);
+        self.attempts
+    }
+
+    /// Whether retries admitted by the budget are still to be settled: a request dropped
+    /// now is to be [`abandon`](RequestRetry::abandon)ed.
+    pub fn has_unsettled(&self) -> bool {
+        self.admitted > 0
+    }
+    /// Decides on the outcome of the request's last call.
+    pub fn decide(&mut self, env: &mut Env<'_>, req: &Request, attempt: Attempt) -> Decided {
+        let (class, any_method, expensive, after_break) = match attempt {
+            Attempt::Answered { class, any_method } => (class, any_method, false, None),
+            Attempt::Unprocessed if !self.transparent => {
+                return self.transparently(env, req);
+            }
+            Attempt::Unprocessed | Attempt::NotSent => {
+                (Class::Retryable { after: None }, true, false, None)
+            }
+            Attempt::MaybeProcessed { timed_out } => {
+                (Class::Retryable { after: None }, false, timed_out, None)
+            }
+            Attempt::Permanent => (Class::Permanent, false, false, None),
+            Attempt::Refused(None) => {
+                return self.done(env, self.attempts + 1, Some(GiveUp::CircuitOpen), None)
+            }
+            Attempt::Refused(Some(refusal)) => match self.refused(env, req, refusal) {
+                Ok(wait) => (Class::Retryable { after: None }, true, false, Some(wait)),
+                Err(decided) => return decided,
+            },
+        };
+        self.attempts += 1;
+        let counted = Some(class);
+        if let (Some(throttle), Attempt::Answered { .. }) = (env.throttle, attempt) {
+            // gRFC A6: every answer of the server moves the throttle's token count (a
+            // transport error is not the server's answer, and does not).
+            match class {
+                Class::Success => throttle.record_success(),
+                Class::Retryable { .. } | Class::DontRetry => throttle.record_failure(),
+                Class::Permanent => {}
+            }
+        }
+        self.expensive_pending = expensive;
+        let attempts = self.attempts;
+        let after = match class {
+            Class::Success => return self.done(env, attempts, None, counted),
+            Class::Permanent => Err(GiveUp::Permanent),
+            Class::DontRetry if req.grpc => Err(GiveUp::Pushback),
+            Class::DontRetry => Err(GiveUp::DontRetry),
+            Class::Retryable { after } => self.may_retry(env, req, any_method, after),
+        };
+        let after = match after {
+            Ok(after) => after,
+            Err(why) => return self.done(env, attempts, Some(why), counted),
+        };
+        let backoff = req.backoff;
+        let delay = match (after_break, after) {
+            (Some(wait), _) => wait,
+            (None, Some(exact)) if req.grpc => {
+                // gRFC A6: after the server's own wait, the backoff starts over.
+                self.streams(env, backoff).schedule.restart();
+                exact
+            }
+            (None, Some(hint)) => {
+                let delay = self.next_backoff(env, backoff);
+                delay.max(self.stretch(env, backoff, hint))
+            }
+            (None, None) => self.next_backoff(env, backoff),
+        };
+        if let Err(why) = self.may_wait(env, delay) {
+            return self.done(env, attempts, Some(why), counted);
+        }
+        self.admitted = self.admitted.saturating_add(1);
+        Decided {
+            decision: Decision::Retry { delay, attempts },
+            counted,
+        }
+    }
+
+    /// Settles a request its caller gave up on (dropped before its end): every retry
+    /// admitted is charged as wasted.
+    pub fn abandon(&mut self, now: Instant, budget: &RetryBudget) {
+        self.settle(now, budget, false);
+    }
+
+    /// The one free retry of a request its server refused before its application saw
+    /// it: at once, no attempt spent, nothing withdrawn from the budget.
+    fn transparently(&mut self, env: &mut Env<'_>, req: &Request) -> Decided {
+        let why = if !req.replayable {
+            Some(GiveUp::BodyNotReplayable)
+        } else if env.outlasts_deadline(Duration::ZERO) {
+            Some(GiveUp::Deadline)
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            return self.done(env, self.attempts + 1, Some(why), None);
+        }
+        self.transparent = true;
+        Decided {
+            decision: Decision::Transparent {
+                attempts: self.attempts,
+            },
+            counted: None,
+        }
+    }
+
+    /// A call the circuit refused. A break that ends before the backoff would anyway is
+    /// waited out: the circuit admits its probe meanwhile, so the call adds no load, and
+    /// a blip's requests are not lost to it; a longer break fails fast. A retry refused
+    /// waits out up to as many refusals as the request has retries, without spending an
+    /// attempt or asking the budget again: its retry was admitted, and the refusal only
+    /// moved it. A first call refused within a break of the break's end waits for the
+    /// probe's verdict, once and free; otherwise it waits as a retry, admitted by the
+    /// budget and spending an attempt (`Ok`: its wait), so that a circuit that stays
+    /// open fails new requests fast once the budget is spent. The wait spreads the
+    /// circuit's backlog over a span that grows with its age
+    /// ([`breaker::backlog_wait`]).
+    fn refused(
+        &mut self,
+        env: &mut Env<'_>,
+        req: &Request,
+        refusal: Refusal,
+    ) -> Result<Duration, Decided> {
+        let sent = self.attempts > 0;
+        let breaks = matches!(refusal.state, CircuitState::Open | CircuitState::HalfOpen);
+        if !sent && !self.probe_waited && breaks {
+            let ceiling = req.backoff.ceiling(0);
+            let wait =
+                breaker::probe_wait(refusal.remaining, refusal.break_duration, ceiling, || {
+                    self.streams(env, req.backoff).rng.random()
+                });
+            if let Some(wait) = wait {
+                self.probe_waited = true;
+                return Err(self.wait_refused(env, req, wait, true));
+            }
+        }
+        let delay = self.next_backoff(env, req.backoff);
+        let retries = req.max_attempts.saturating_sub(1);
+        if refusal.remaining > delay || (sent && u32::from(self.refusals) >= retries) {
+            return Err(self.done(env, self.attempts + 1, Some(GiveUp::CircuitOpen), None));
+        }
+        let wait = self.backlog_wait(env, req.backoff, delay, refusal);
+        if sent {
+            self.refusals = self.refusals.saturating_add(1);
+            return Err(self.wait_refused(env, req, wait, false));
+        }
+        Ok(wait)
+    }
+
+    /// Asks the circuit again after `delay`, unless the body cannot be sent again or the
+    /// wait outlasts the deadline.
+    fn wait_refused(
+        &mut self,
+        env: &mut Env<'_>,
+        req: &Request,
+        delay: Duration,
+        probe: bool,
+    ) -> Decided {
+        let attempts = self.attempts + 1;
+        if !req.replayable {
+            return self.done(env, attempts, Some(GiveUp::BodyNotReplayable), None);
+        }
+        if env.outlasts_deadline(delay) {
+            return self.done(env, attempts, Some(GiveUp::Deadline), None);
+        }
+        Decided {
+            decision: Decision::Refused {
+                delay,
+                attempts: self.attempts,
+                probe,
+            },
+            counted: None,
+        }
+    }
+
+    /// The checks after a retryable outcome, in order; `Ok` holds the server's hint.
+    fn may_retry(
+        &self,
+        env: &Env<'_>,
+        req: &Request,
+        any_method: bool,
+        after: Option<Duration>,
+    ) -> Result<Option<Duration>, GiveUp> {
+        if !(any_method || req.may_repeat) {
+            return Err(GiveUp::NotIdempotent);
+        }
+        let max = if req.grpc {
+            req.max_attempts.min(GRPC_MAX_ATTEMPTS)
+        } else {
+            req.max_attempts
+        };
+        if self.attempts >= max || req.once {
+            return Err(GiveUp::Exhausted);
+        }
+        if !req.replayable {
+            return Err(GiveUp::BodyNotReplayable);
+        }
+        if after.is_some_and(|after| after > env.max_retry_after) {
+            return Err(GiveUp::RetryAfterTooLong);
+        }
+        Ok(after)
+    }
+
+    /// The last checks, once the wait is known: the deadline, then the budget (so a
+    /// retry that could never finish asks for nothing), which admits the retry on the
+    /// waste so far.
+    fn may_wait(&mut self, env: &Env<'_>, delay: Duration) -> Result<(), GiveUp> {
+        if env.outlasts_deadline(delay) {
+            return Err(GiveUp::Deadline);
+        }
+        if let Some(throttle) = env.throttle {
+            if !throttle.allows_retry() {
+                return Err(GiveUp::Budget);
+            }
+        }
+        let admitted = env.budget.admit(env.now, u32::from(self.admitted));
+        self.charge_expensive(env.now, env.budget);
+        if !admitted {
+            return Err(GiveUp::Budget);
+        }
+        Ok(())
+    }
+
+    /// Charges a call that timed out (work the server may have done for nobody), once
+    /// its own retry is decided, and whatever was decided: two wasted retries
+    /// ([`crate::budget::EXPENSIVE_FAILURE`]), as the AWS SDKs ask a timeout's retry for
+    /// twice the tokens. Its own retry is decided first, on the room as it was: so a new
+    /// or quiet client retries an isolated timeout (its allowance pays for it), while in a
+    /// brownout, where timeouts come many at a time, each one charged closes the room to
+    /// the next ones at once.
+    fn charge_expensive(&mut self, now: Instant, budget: &RetryBudget) {
+        if std::mem::take(&mut self.expensive_pending) {
+            budget.charge(now, crate::budget::EXPENSIVE_FAILURE);
+        }
+    }
+
+    /// Settles the request's retries with the budget at its end, once: the retries it
+    /// was admitted to make that failed are wasted. For a request `served` that is all
+    /// but the last; for one that was not, every one.
+    fn settle(&mut self, now: Instant, budget: &RetryBudget, served: bool) {
+        let admitted = std::mem::take(&mut self.admitted);
+        let wasted = if served {
+            admitted.saturating_sub(1)
+        } else {
+            admitted
+        };
+        if wasted > 0 {
+            budget.charge(now, u32::from(wasted));
+        }
+    }
+
+    /// Hands the outcome back after `attempts` calls, settling the budget.
+    fn done(
+        &mut self,
+        env: &Env<'_>,
+        attempts: u32,
+        give_up: Option<GiveUp>,
+        counted: Option<Class>,
+    ) -> Decided {
+        self.charge_expensive(env.now, env.budget);
+        self.settle(env.now, env.budget, give_up.is_none());
+        Decided {
+            decision: Decision::Done { attempts, give_up },
+            counted,
+        }
+    }
+
+    fn streams(&mut self, env: &mut Env<'_>, backoff: Backoff) -> &mut Streams {
+        self.streams.get_or_insert_with(|| {
+            let seed = env.seed.as_mut().and_then(|seed| seed());
+            Box::new(match seed {
+                Some(seed) => Streams {
+                    schedule: backoff.schedule_seeded(seed),
+                    rng: SmallRng::seed_from_u64(!seed),
+                },
+                None => Streams {
+                    schedule: backoff.schedule(),
+                    rng: SmallRng::from_rng(&mut rand::rng()),
+                },
+            })
+        })
+    }
+
+    /// The wait of a call an open circuit refused, whose backoff drew `delay`: spread
+    /// over the circuit's age up to the backoff's cap, or up to the deadline if sooner.
+    fn backlog_wait(
+        &mut self,
+        env: &mut Env<'_>,
+        backoff: Backoff,
+        delay: Duration,
+        refusal: Refusal,
+    ) -> Duration {
+        let limit = match env.deadline {
+            // A call must start strictly before the deadline.
+            Some(deadline) => backoff.cap().min(
+                deadline
+                    .remaining(env.now)
+                    .saturating_sub(Duration::from_nanos(1)),
+            ),
+            None => backoff.cap(),
+        };
+        let draw: f64 = self.streams(env, backoff).rng.random();
+        breaker::backlog_wait(delay, refusal.remaining, refusal.open_for, limit, draw)
+    }
+
+    fn next_backoff(&mut self, env: &mut Env<'_>, backoff: Backoff) -> Duration {
+        self.streams(env, backoff)
+            .schedule
+            .next()
+            .unwrap_or(backoff.cap())
+    }
+
+    /// Up to 10% more than the server asked for, never less.
+    fn stretch(&mut self, env: &mut Env<'_>, backoff: Backoff, hint: Duration) -> Duration {
+        let spread = u64::try_from((hint / 10).as_nanos()).unwrap_or(u64::MAX);
+        if spread == 0 {
+            return hint;
+        }
+        let extra = self.streams(env, backoff).rng.random_range(0..spread);
+        hint.saturating_add(Duration::from_nanos(extra))
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::disallowed_methods)] // the tests take their time zero from the clock
+mod tests {
+    use super::*;
+    use crate::Jitter;
+
+    fn backoff() -> Backoff {
+        Backoff::new(
+            Duration::from_millis(100),
+            Duration::from_secs(2),
+            Jitter::Full,
+        )
+        .expect("backoff")
+    }
+
+    fn request() -> Request {
+        Request::new(3, backoff())
+    }
+
+    fn env(now: Instant, budget: &RetryBudget) -> Env<'_> {
+        Env::new(now, budget)
+    }
+
+    fn roomy() -> RetryBudget {
+        RetryBudget::builder()
+            .allowance(100)
+            .build()
+            .expect("budget")
+    }
+
+    #[test]
+    fn a_request_refused_unprocessed_is_sent_again_once_free() {
+        let (now, budget) = (Instant::now(), roomy());
+        let mut retry = RequestRetry::new();
+        let decided = retry.decide(&mut env(now, &budget), &request(), Attempt::Unprocessed);
+        assert_eq!(decided.decision, Decision::Transparent { attempts: 0 });
+        assert_eq!(decided.counted, None, "a refused call is no attempt");
+        // The second refusal is an ordinary retry, counted.
+        let decided = retry.decide(&mut env(now, &budget), &request(), Attempt::Unprocessed);
+        assert!(matches!(
+            decided.decision,
+            Decision::Retry { attempts: 1, .. }
+        ));
+        assert_eq!(decided.counted, Some(Class::Retryable { after: None }));
+        // A request that may not be repeated is sent again on that proof too.
+        let mut post = RequestRetry::new();
+        let req = Request {
+            may_repeat: false,
+            ..request()
+        };
+        let decided = post.decide(&mut env(now, &budget), &req, Attempt::Unprocessed);
+        assert_eq!(decided.decision, Decision::Transparent { attempts: 0 });
+        let decided = post.decide(
+            &mut env(now, &budget),
+            &req,
+            Attempt::MaybeProcessed { timed_out: false },
+        );
+        assert_eq!(
+            decided.decision,
+            Decision::Done {
+                attempts: 1,
+                give_up: Some(GiveUp::NotIdempotent)
+            }
+        );
+    }
+
+    #[test]
+    fn a_first_call_refused_at_a_breaks_end_waits_once_for_the_probe() {
+        let (now, budget) = (Instant::now(), roomy());
+        let refusal = Refusal {
+            remaining: Duration::from_millis(10),
+            open_for: Duration::from_millis(40),
+            break_duration: Duration::from_millis(30),
+            state: CircuitState::Open,
+        };
+        let mut retry = RequestRetry::new();
+        let decided = retry.decide(
+            &mut env(now, &budget),
+            &request(),
+            Attempt::Refused(Some(refusal)),
+        );
+        let Decision::Refused {
+            delay,
+            attempts: 0,
+            probe: true,
+        } = decided.decision
+        else {
+            panic!("{decided:?}");
+        };
+        // The rest of the break, plus up to one more.
+        assert!(delay >= refusal.remaining && delay <= refusal.remaining + refusal.break_duration);
+        assert!(!retry.is_unsent());
+        // Refused again: now it waits as a retry, an attempt admitted by the budget.
+        let decided = retry.decide(
+            &mut env(now, &budget),
+            &request(),
+            Attempt::Refused(Some(refusal)),
+        );
+        if let Decision::Retry { attempts, .. } = decided.decision {
+            assert_eq!(attempts, 1);
+        } else {
+            // Or the break outlasts its backoff draw: it fails fast.
+            assert_eq!(
+                decided.decision,
+                Decision::Done {
+                    attempts: 1,
+                    give_up: Some(GiveUp::CircuitOpen)
+                }
+            );
+        }
+        // An isolated circuit fails at once.
+        let decided =
+            RequestRetry::new().decide(&mut env(now, &budget), &request(), Attempt::Refused(None));
+        assert_eq!(
+            decided.decision,
+            Decision::Done {
+                attempts: 1,
+                give_up: Some(GiveUp::CircuitOpen)
+            }
+        );
+    }
+
+    #[test]
+    fn a_refused_retry_is_waited_out_as_often_as_the_request_has_retries() {
+        let (now, budget) = (Instant::now(), roomy());
+        let refusal = Refusal {
+            remaining: Duration::ZERO,
+            open_for: Duration::ZERO,
+            break_duration: Duration::from_secs(1),
+            state: CircuitState::HalfOpen,
+        };
+        let mut retry = RequestRetry::new();
+        let failed = Attempt::Answered {
+            class: Class::Retryable { after: None },
+            any_method: false,
+        };
+        assert!(matches!(
+            retry
+                .decide(&mut env(now, &budget), &request(), failed)
+                .decision,
+            Decision::Retry { .. }
+        ));
+        for _ in 0..2 {
+            let decided = retry.decide(
+                &mut env(now, &budget),
+                &request(),
+                Attempt::Refused(Some(refusal)),
+            );
+            assert!(
+                matches!(
+                    decided.decision,
+                    Decision::Refused {
+                        attempts: 1,
+                        probe: false,
+                        ..
+                    }
+                ),
+                "{decided:?}"
+            );
+        }
+        let decided = retry.decide(
+            &mut env(now, &budget),
+            &request(),
+            Attempt::Refused(Some(refusal)),
+        );
+        assert_eq!(
+            decided.decision,
+            Decision::Done {
+                attempts: 2,
+                give_up: Some(GiveUp::CircuitOpen)
+            }
+        );
+    }
+
+    #[test]
+    fn failed_retries_are_charged_when_the_request_ends() {
+        let now = Instant::now();
+        let budget = roomy();
+        budget.deposit(now);
+        let timed_out = Attempt::MaybeProcessed { timed_out: true };
+        let mut retry = RequestRetry::new();
+        assert!(matches!(
+            retry
+                .decide(&mut env(now, &budget), &request(), timed_out)
+                .decision,
+            Decision::Retry { attempts: 1, .. }
+        ));
+        // The timeout is charged as two wasted retries once its retry is decided.
+        assert_eq!(
+            budget.usage(now).1,
+            u64::from(crate::budget::EXPENSIVE_FAILURE)
+        );
+        assert!(retry.has_unsettled());
+        // Served on the retry: the retry that succeeded costs nothing.
+        assert_eq!(retry.served(now, &budget, None), 2);
+        assert!(!retry.has_unsettled());
+        assert_eq!(
+            budget.usage(now).1,
+            u64::from(crate::budget::EXPENSIVE_FAILURE)
+        );
+        // Abandoned after a retry: that retry is wasted.
+        let mut retry = RequestRetry::new();
+        let failed = Attempt::NotSent;
+        assert!(matches!(
+            retry
+                .decide(&mut env(now, &budget), &request(), failed)
+                .decision,
+            Decision::Retry { .. }
+        ));
+        retry.abandon(now, &budget);
+        assert_eq!(
+            budget.usage(now).1,
+            u64::from(crate::budget::EXPENSIVE_FAILURE) + 1
+        );
+    }
+}
