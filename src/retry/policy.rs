@@ -109,7 +109,7 @@ impl Drop for RetryPolicy {
     fn drop(&mut self) {
         if self.retry.has_unsettled() {
             let now = tokio::time::Instant::now().into_std();
-            self.retry.abandon(now, &self.shared.budget);
+            self.retry.abandon(now, Some(&self.shared.budget));
         }
     }
 }
@@ -325,7 +325,7 @@ where
             let shared = &*self.shared;
             let attempts = self
                 .retry
-                .served(now, &shared.budget, shared.throttle.as_ref());
+                .served(now, Some(&shared.budget), shared.throttle.as_ref());
             return self.finish(result, attempts, None);
         }
         let unprocessed = std::mem::take(&mut self.unprocessed);
@@ -390,7 +390,7 @@ where
         };
         let mut env = Env {
             now,
-            budget: &shared.budget,
+            budget: Some(&shared.budget),
             throttle: shared.throttle.as_ref(),
             max_retry_after: shared.max_retry_after,
             deadline: self.deadline(),

@@ -35,11 +35,14 @@ use std::time::{Duration, Instant, SystemTime};
 use http::{HeaderMap, StatusCode};
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
-use stormguard_core::breaker::{backlog_wait, probe_wait, CircuitState, Outcome, Permit};
+use stormguard_core::breaker::{CircuitState, Outcome, Permit};
 use stormguard_core::classify::Rules;
-use stormguard_core::{Class, Schedule};
+use stormguard_core::retry::{self, Decision, Env, Refusal, RequestRetry};
+use stormguard_core::{Backoff, Class, Schedule};
 
-use crate::strategy::{tower_delay, BackoffKind, BreakerMode, BudgetKind, ClientState, Strategy};
+use crate::strategy::{
+    tower_delay, BackoffKind, BreakerMode, BudgetKind, BudgetState, ClientState, Strategy,
+};
 
 const NS: u64 = 1_000_000_000;
 /// Latency of a fast error (outage, partial failure, shed).
@@ -253,9 +256,6 @@ enum Kind {
     Retry(u32),
 }
 
-/// Keys a request's draw of its wait for the probe's verdict, apart from its other draws.
-const PROBE_KEY: u64 = 0xD1B5_4A32_D192_ED03;
-
 #[derive(Debug)]
 struct Request {
     client: u32,
@@ -265,11 +265,9 @@ struct Request {
     seed: u64,
     /// What the last retry cost an AWS-style quota.
     spent: u32,
-    /// Refusals by an open circuit waited out (not attempts: nothing was sent).
-    refusals: u32,
-    /// Whether its first call, refused at the end of a break, has waited for the
-    /// probe's verdict (`probe_wait`).
-    probe_waited: bool,
+    /// Its retries, decided by stormguard-core's machine (the strategies that are
+    /// stormguard's: see [`Fleet::machine`]).
+    retry: RequestRetry,
     live: bool,
 }
 
@@ -286,6 +284,10 @@ struct Attempt {
 pub struct Fleet {
     cfg: FleetConfig,
     strategy: Strategy,
+    /// The core backoff of a strategy whose retries stormguard-core's per-request
+    /// machine decides ([`RequestRetry`]): one with that backoff and a core budget or
+    /// none. The other strategies model other libraries' rules.
+    machine: Option<Backoff>,
     rules: Rules,
     now: u64,
     seq: u64,
@@ -340,7 +342,14 @@ impl Fleet {
             goodput_per_s: vec![0; seconds],
             ..FleetReport::default()
         };
+        let machine = match (strategy.backoff, &strategy.budget) {
+            (BackoffKind::Core(backoff), BudgetKind::None | BudgetKind::Core { .. }) => {
+                Some(backoff)
+            }
+            _ => None,
+        };
         Ok(Fleet {
+            machine,
             arrivals: SmallRng::seed_from_u64(cfg.seed),
             rng: SmallRng::seed_from_u64(crate::strategy::splitmix(cfg.seed ^ 0x5e71_ce00)),
             cfg,
@@ -458,8 +467,7 @@ impl Fleet {
             schedule: None,
             seed,
             spent: 0,
-            refusals: 0,
-            probe_waited: false,
+            retry: RequestRetry::new(),
             live: true,
         };
         let id = match self.free_requests.pop() {
@@ -500,68 +508,19 @@ impl Fleet {
                         Ok(p) => permit = Some(p),
                         // On retries only, a first try goes out anyway, uncounted.
                         Err(_) if retries_only && first => {}
-                        // As the retry layer: a first call refused within a break of
-                        // the break's end waits for the probe's verdict, once, free.
-                        Err(rejected)
-                            if first
-                                && !self.requests[req as usize].probe_waited
-                                && rejected.state != CircuitState::Isolated =>
-                        {
-                            let seed = self.requests[req as usize].seed;
-                            let draw = || SmallRng::seed_from_u64(seed ^ PROBE_KEY).random();
-                            let ceiling = match self.strategy.backoff {
-                                BackoffKind::Core(b) => b.ceiling(0),
-                                _ => Duration::ZERO,
-                            };
-                            self.report.rejected += 1;
-                            match probe_wait(rejected.remaining, brk, ceiling, draw) {
-                                Some(wait) => {
-                                    self.requests[req as usize].probe_waited = true;
-                                    self.push(t + wait.as_nanos() as u64, Kind::Retry(req));
-                                }
-                                None => self.finish(req, false),
-                            }
-                            return;
-                        }
                         Err(rejected) => {
-                            // As the retry layer: a refused retry whose break ends
-                            // before the next backoff is waited out, at most
-                            // `attempts - 1` times, and is no attempt. Otherwise (a
-                            // first call refused, which the retry layer retries on the
-                            // budget as an attempt, a longer break, an isolated
-                            // circuit) the request fails without an attempt.
                             self.report.rejected += 1;
-                            let waited = self.requests[req as usize].refusals;
-                            let may_wait = !first
-                                && rejected.state != CircuitState::Isolated
-                                && waited + 1 < self.strategy.attempts;
-                            // Sent again spread over the circuit's age, as the retry
-                            // layer does (`backlog_wait`), never past the backoff's cap.
-                            let delay = may_wait.then(|| self.delay(req));
-                            match delay {
-                                Some(delay) if rejected.remaining <= delay => {
-                                    // Drawn from the request's own stream, so the
-                                    // run's shared stream (arrivals, failures) is
-                                    // the same with or without refusals.
-                                    let r = &self.requests[req as usize];
-                                    let key = u64::from(r.refusals + 1)
-                                        .wrapping_mul(0x9E37_79B9_7F4A_7C15);
-                                    let draw: f64 = SmallRng::seed_from_u64(r.seed ^ key).random();
-                                    let limit = match self.strategy.backoff {
-                                        BackoffKind::Core(b) => b.cap(),
-                                        _ => delay,
-                                    };
-                                    let wait = backlog_wait(
-                                        delay,
-                                        rejected.remaining,
-                                        rejected.open_for,
-                                        limit,
-                                        draw,
-                                    );
-                                    self.requests[req as usize].refusals += 1;
-                                    self.push(t + wait.as_nanos() as u64, Kind::Retry(req));
-                                }
-                                _ => self.finish(req, false),
+                            if self.machine.is_some() {
+                                let refusal =
+                                    (rejected.state != CircuitState::Isolated).then_some(Refusal {
+                                        remaining: rejected.remaining,
+                                        open_for: rejected.open_for,
+                                        break_duration: brk,
+                                        state: rejected.state,
+                                    });
+                                self.decide(req, retry::Attempt::Refused(refusal));
+                            } else {
+                                self.finish(req, false);
                             }
                             return;
                         }
@@ -702,6 +661,17 @@ impl Fleet {
             b.record(p, outcome, now);
         }
         state.on_attempt(t, success);
+        if self.machine.is_some() {
+            let attempt = match status {
+                None => retry::Attempt::MaybeProcessed { timed_out: true },
+                Some(_) => retry::Attempt::Answered {
+                    class,
+                    any_method: false,
+                },
+            };
+            self.decide(req, attempt);
+            return;
+        }
         if success {
             let spent = self.requests[req as usize].spent;
             self.state(client).on_success(spent);
@@ -736,6 +706,42 @@ impl Fleet {
         }
         let delay = self.delay(req).max(after.unwrap_or_default());
         self.push(self.now + delay.as_nanos() as u64, Kind::Retry(req));
+    }
+
+    /// Tells request `req`'s machine what became of its call, and does what it says.
+    fn decide(&mut self, req: u32, attempt: retry::Attempt) {
+        let Some(backoff) = self.machine else {
+            return;
+        };
+        let r = &mut self.requests[req as usize];
+        let seed = r.seed;
+        let i = if self.cfg.shared {
+            0
+        } else {
+            r.client as usize
+        };
+        let state = &self.clients[i];
+        let budget = match &state.budget {
+            BudgetState::Core(budget) => Some(budget),
+            _ => None,
+        };
+        let mut seed = || Some(seed);
+        let mut env = Env {
+            now: state.instant(self.now),
+            budget,
+            throttle: None,
+            max_retry_after: Duration::from_secs(20),
+            deadline: None,
+            seed: Some(&mut seed),
+        };
+        let request = retry::Request::new(self.strategy.attempts, backoff);
+        match r.retry.decide(&mut env, &request, attempt).decision {
+            Decision::Done { give_up, .. } => self.finish(req, give_up.is_none()),
+            Decision::Transparent { .. } => self.push(self.now, Kind::Retry(req)),
+            Decision::Refused { delay, .. } | Decision::Retry { delay, .. } => {
+                self.push(self.now + delay.as_nanos() as u64, Kind::Retry(req));
+            }
+        }
     }
 
     fn delay(&mut self, req: u32) -> Duration {
@@ -776,7 +782,8 @@ impl Fleet {
         } else {
             retries
         };
-        if wasted > 0 {
+        // The machine settles its requests with the budget itself.
+        if wasted > 0 && self.machine.is_none() {
             let t = self.now;
             self.state(client).on_wasted(t, wasted);
         }

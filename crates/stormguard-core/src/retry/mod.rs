@@ -140,8 +140,9 @@ impl Request {
 pub struct Env<'a> {
     /// The time of the decision.
     pub now: Instant,
-    /// The retry budget shared by the dependency's requests.
-    pub budget: &'a RetryBudget,
+    /// The retry budget shared by the dependency's requests (`None`: retries are bounded
+    /// by each request's attempts alone).
+    pub budget: Option<&'a RetryBudget>,
     /// gRPC's retry throttle, when the service config has one.
     pub throttle: Option<&'a RetryThrottle>,
     /// The longest server hint waited for; a longer one gives up.
@@ -159,7 +160,7 @@ impl<'a> Env<'a> {
     pub fn new(now: Instant, budget: &'a RetryBudget) -> Self {
         Env {
             now,
-            budget,
+            budget: Some(budget),
             throttle: None,
             max_retry_after: Duration::from_secs(20),
             deadline: None,
@@ -267,7 +268,7 @@ impl RequestRetry {
     pub fn served(
         &mut self,
         now: Instant,
-        budget: &RetryBudget,
+        budget: Option<&RetryBudget>,
         throttle: Option<&RetryThrottle>,
     ) -> u32 {
         self.attempts += 1;
@@ -356,7 +357,7 @@ impl RequestRetry {
 
     /// Settles a request its caller gave up on (dropped before its end): every retry
     /// admitted is charged as wasted.
-    pub fn abandon(&mut self, now: Instant, budget: &RetryBudget) {
+    pub fn abandon(&mut self, now: Instant, budget: Option<&RetryBudget>) {
         self.settle(now, budget, false);
     }
 
@@ -491,7 +492,9 @@ impl RequestRetry {
                 return Err(GiveUp::Budget);
             }
         }
-        let admitted = env.budget.admit(env.now, u32::from(self.admitted));
+        let admitted = env
+            .budget
+            .is_none_or(|budget| budget.admit(env.now, u32::from(self.admitted)));
         self.charge_expensive(env.now, env.budget);
         if !admitted {
             return Err(GiveUp::Budget);
@@ -506,23 +509,25 @@ impl RequestRetry {
     /// or quiet client retries an isolated timeout (its allowance pays for it), while in a
     /// brownout, where timeouts come many at a time, each one charged closes the room to
     /// the next ones at once.
-    fn charge_expensive(&mut self, now: Instant, budget: &RetryBudget) {
+    fn charge_expensive(&mut self, now: Instant, budget: Option<&RetryBudget>) {
         if std::mem::take(&mut self.expensive_pending) {
-            budget.charge(now, crate::budget::EXPENSIVE_FAILURE);
+            if let Some(budget) = budget {
+                budget.charge(now, crate::budget::EXPENSIVE_FAILURE);
+            }
         }
     }
 
     /// Settles the request's retries with the budget at its end, once: the retries it
     /// was admitted to make that failed are wasted. For a request `served` that is all
     /// but the last; for one that was not, every one.
-    fn settle(&mut self, now: Instant, budget: &RetryBudget, served: bool) {
+    fn settle(&mut self, now: Instant, budget: Option<&RetryBudget>, served: bool) {
         let admitted = std::mem::take(&mut self.admitted);
         let wasted = if served {
             admitted.saturating_sub(1)
         } else {
             admitted
         };
-        if wasted > 0 {
+        if let (true, Some(budget)) = (wasted > 0, budget) {
             budget.charge(now, u32::from(wasted));
         }
     }
@@ -793,7 +798,7 @@ mod tests {
         );
         assert!(retry.has_unsettled());
         // Served on the retry: the retry that succeeded costs nothing.
-        assert_eq!(retry.served(now, &budget, None), 2);
+        assert_eq!(retry.served(now, Some(&budget), None), 2);
         assert!(!retry.has_unsettled());
         assert_eq!(
             budget.usage(now).1,
@@ -808,7 +813,7 @@ mod tests {
                 .decision,
             Decision::Retry { .. }
         ));
-        retry.abandon(now, &budget);
+        retry.abandon(now, Some(&budget));
         assert_eq!(
             budget.usage(now).1,
             u64::from(crate::budget::EXPENSIVE_FAILURE) + 1
