@@ -39,10 +39,7 @@ async fn policy_waits(max_attempts: u32) -> (Vec<Duration>, u32) {
         let mut result: Result<Response<()>, BoxError> =
             Ok(Response::builder().status(503).body(()).expect("response"));
         let Some(wait) = request.retry(&mut req, &mut result) else {
-            let attempts = result
-                .as_ref()
-                .map(stormguard::Attempts::of)
-                .unwrap_or(0);
+            let attempts = result.as_ref().map(stormguard::Attempts::of).unwrap_or(0);
             return (waits, attempts);
         };
         let start = tokio::time::Instant::now();

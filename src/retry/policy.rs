@@ -15,8 +15,8 @@ use crate::error_class::{classify_error, ErrorClass};
 use crate::give_up::GiveUp;
 
 use super::builder::RetryPolicyBuilder;
-use super::request::{body_replayable, deadline_of, is_grpc, safe_to_repeat};
-use super::shared::{bump, plain_success, RetryStats, Shared};
+use super::request::{body_replayable, deadline_of, is_grpc, proved, safe_to_repeat};
+use super::shared::{plain_success, RetryStats, Shared};
 use super::wait::Wait;
 use super::{Attempts, GRPC_TIMEOUT, GRPC_TRANSPARENT_RETRY_ATTEMPTS};
 
@@ -186,59 +186,10 @@ impl RetryPolicy {
             }
         }
         if let Some(why) = why {
-            self.give_up(why, attempts);
+            self.shared.gave_up(why, attempts);
         }
         self.shared.call_ended(attempts);
         None
-    }
-
-    /// The budget as the metrics show it.
-    #[cfg(feature = "metrics")]
-    fn budget_view(&self) -> crate::metrics::BudgetView {
-        let now = tokio::time::Instant::now().into_std();
-        let budget = &self.shared.budget;
-        let (requests, wasted) = budget.usage(now);
-        let ratio = if requests == 0 {
-            0.0
-        } else {
-            wasted as f64 / requests as f64
-        };
-        crate::metrics::BudgetView {
-            remaining: budget.available(now),
-            allowance: budget.allowance_left(),
-            ratio,
-        }
-    }
-
-    fn give_up(&self, why: GiveUp, attempts: u32) {
-        #[cfg(feature = "metrics")]
-        self.shared
-            .metrics
-            .give_up(&self.shared.name, why, self.budget_view());
-        let c = &self.shared.counters;
-        match why {
-            GiveUp::Exhausted => bump(&c.exhausted),
-            GiveUp::Permanent => bump(&c.permanent),
-            GiveUp::Budget => bump(&c.budget_denied),
-            GiveUp::NotIdempotent => bump(&c.not_idempotent),
-            GiveUp::BodyNotReplayable => bump(&c.not_replayable),
-            GiveUp::RetryAfterTooLong | GiveUp::Pushback | GiveUp::DontRetry => {
-                bump(&c.server_refused)
-            }
-            GiveUp::Deadline => bump(&c.deadline),
-            // A circuit's refusal is counted by the breaker; a reason added later, by
-            // none of the counters above.
-            _ => {}
-        }
-        crate::signals::record_give_up(why);
-        match why {
-            GiveUp::Permanent => {
-                tracing::debug!(target: "stormguard::retry", attempts, reason = why.as_str(), "giving up")
-            }
-            _ => {
-                tracing::info!(target: "stormguard::retry", attempts, reason = why.as_str(), "giving up")
-            }
-        }
     }
 
     /// The limits for `req`: its gRPC method's when the policy has per-method settings
@@ -404,16 +355,7 @@ where
                     headers.insert(GRPC_TRANSPARENT_RETRY_ATTEMPTS, HeaderValue::from(1u32));
                     self.set_grpc_timeout(headers, now);
                 }
-                bump(&shared.counters.transparent_retries);
-                #[cfg(feature = "metrics")]
-                shared.metrics.transparent(&shared.name);
-                tracing::debug!(
-                    target: "stormguard::retry",
-                    attempt = attempts + 1,
-                    delay_ms = 0u64,
-                    reason = "transparent",
-                    "retrying"
-                );
+                shared.retried_transparently(attempts);
                 Some(Wait::now())
             }
             Decision::Refused {
@@ -424,14 +366,7 @@ where
                 if grpc {
                     self.set_grpc_timeout(req.headers_mut(), now + delay);
                 }
-                tracing::debug!(
-                    target: "stormguard::retry",
-                    attempt = attempts + 1,
-                    delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
-                    reason = "circuit_open",
-                    "{}",
-                    if probe { "waiting for the probe" } else { "waiting out the break" }
-                );
+                shared.waits_for_circuit(attempts, delay, probe);
                 Some(Wait::sleep(delay))
             }
             Decision::Retry { delay, attempts } => {
@@ -442,22 +377,8 @@ where
                 } else {
                     headers.insert(X_ATTEMPT_COUNT, HeaderValue::from(attempts + 1));
                 }
-                bump(&shared.counters.retries);
-                #[cfg(feature = "metrics")]
-                {
-                    let view = self.budget_view();
-                    shared.metrics.attempt(&shared.name, attempts + 1);
-                    shared.metrics.retry(&shared.name, delay, view);
-                }
                 let status = result.as_ref().ok().map(|res| res.status().as_u16());
-                tracing::info!(
-                    target: "stormguard::retry",
-                    attempt = attempts + 1,
-                    delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
-                    reason = if status.is_some() { "status" } else { "error" },
-                    status,
-                    "retrying"
-                );
+                shared.retried(attempts, delay, status);
                 Some(Wait::sleep(delay))
             }
         }
@@ -473,22 +394,5 @@ where
             self.deadline = RequestDeadline::SentAt(now, None);
         }
         Some(req.clone())
-    }
-}
-
-/// How a failure is taken, given whether its attempt provably left the request
-/// unprocessed (`unprocessed`, from `crate::connect`): one after which the request may
-/// have been processed (a timeout, a reset) is then one the server never saw. A GOAWAY
-/// proves nothing on its own (see [`ErrorClass::Drained`]): it is taken as unprocessed
-/// with that proof, or for a request that may be repeated anyway, and as a failure after
-/// which the request may have been processed otherwise. Any other class stands.
-fn proved<B>(class: ErrorClass, unprocessed: bool, req: &Request<B>) -> ErrorClass {
-    match class {
-        ErrorClass::MaybeProcessed if unprocessed => ErrorClass::Unprocessed,
-        ErrorClass::Drained if unprocessed || super::request::safe_to_repeat(req) => {
-            ErrorClass::Unprocessed
-        }
-        ErrorClass::Drained => ErrorClass::MaybeProcessed,
-        class => class,
     }
 }

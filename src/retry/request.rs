@@ -7,6 +7,7 @@ use stormguard_core::classify::is_idempotent;
 use stormguard_core::deadline::{parse_grpc_timeout, Deadline};
 
 use crate::body::ReplayHandle;
+use crate::error_class::ErrorClass;
 
 use super::{Idempotent, GRPC_TIMEOUT};
 
@@ -48,4 +49,19 @@ pub(crate) fn is_grpc<B>(req: &Request<B>) -> bool {
     req.headers()
         .get(http::header::CONTENT_TYPE)
         .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+}
+
+/// How a failure is taken, given whether its attempt provably left the request
+/// unprocessed (`unprocessed`, from `crate::connect`): one after which the request may
+/// have been processed (a timeout, a reset) is then one the server never saw. A GOAWAY
+/// proves nothing on its own (see [`ErrorClass::Drained`]): it is taken as unprocessed
+/// with that proof, or for a request that may be repeated anyway, and as a failure after
+/// which the request may have been processed otherwise. Any other class stands.
+pub(super) fn proved<B>(class: ErrorClass, unprocessed: bool, req: &Request<B>) -> ErrorClass {
+    match class {
+        ErrorClass::MaybeProcessed if unprocessed => ErrorClass::Unprocessed,
+        ErrorClass::Drained if unprocessed || safe_to_repeat(req) => ErrorClass::Unprocessed,
+        ErrorClass::Drained => ErrorClass::MaybeProcessed,
+        class => class,
+    }
 }

@@ -1,4 +1,6 @@
-//! What every clone of a policy shares: the settings and the counters.
+//! What every clone of a policy shares: the settings, and what observes the decisions
+//! (the counters, the metrics, the traces, the signals): the one place the retry's
+//! decisions are recorded.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -11,6 +13,7 @@ use stormguard_core::{Backoff, Class, RetryBudget};
 
 use super::policy::Limits;
 use super::NoRetry;
+use crate::give_up::GiveUp;
 
 /// Counters of what a [`RetryPolicy`](super::RetryPolicy) (and all its clones) did, read with
 /// [`RetryPolicy::stats`](super::RetryPolicy::stats).
@@ -107,6 +110,102 @@ impl Shared {
         }
     }
 
+    /// A transparent retry of a request that made `attempts` attempts: counted,
+    /// measured and traced.
+    pub(super) fn retried_transparently(&self, attempts: u32) {
+        bump(&self.counters.transparent_retries);
+        #[cfg(feature = "metrics")]
+        self.metrics.transparent(&self.name);
+        tracing::debug!(
+            target: "stormguard::retry",
+            attempt = attempts + 1,
+            delay_ms = 0u64,
+            reason = "transparent",
+            "retrying"
+        );
+    }
+
+    /// A call the circuit refused, asked again after `delay` (`probe`: a first call's
+    /// wait for the probe's verdict): traced.
+    pub(super) fn waits_for_circuit(&self, attempts: u32, delay: Duration, probe: bool) {
+        tracing::debug!(
+            target: "stormguard::retry",
+            attempt = attempts + 1,
+            delay_ms = millis(delay),
+            reason = "circuit_open",
+            "{}",
+            if probe { "waiting for the probe" } else { "waiting out the break" }
+        );
+    }
+
+    /// A retry after `attempts` attempts, in `delay`, of a call that failed with an
+    /// answer (`status`) or an error: counted, measured and traced.
+    pub(super) fn retried(&self, attempts: u32, delay: Duration, status: Option<u16>) {
+        bump(&self.counters.retries);
+        #[cfg(feature = "metrics")]
+        {
+            self.metrics.attempt(&self.name, attempts + 1);
+            self.metrics.retry(&self.name, delay, self.budget_view());
+        }
+        tracing::info!(
+            target: "stormguard::retry",
+            attempt = attempts + 1,
+            delay_ms = millis(delay),
+            reason = if status.is_some() { "status" } else { "error" },
+            status,
+            "retrying"
+        );
+    }
+
+    /// A request that gave up after `attempts` attempts: counted, measured, traced and
+    /// told to the signals.
+    pub(super) fn gave_up(&self, why: GiveUp, attempts: u32) {
+        #[cfg(feature = "metrics")]
+        self.metrics.give_up(&self.name, why, self.budget_view());
+        let c = &self.counters;
+        match why {
+            GiveUp::Exhausted => bump(&c.exhausted),
+            GiveUp::Permanent => bump(&c.permanent),
+            GiveUp::Budget => bump(&c.budget_denied),
+            GiveUp::NotIdempotent => bump(&c.not_idempotent),
+            GiveUp::BodyNotReplayable => bump(&c.not_replayable),
+            GiveUp::RetryAfterTooLong | GiveUp::Pushback | GiveUp::DontRetry => {
+                bump(&c.server_refused)
+            }
+            GiveUp::Deadline => bump(&c.deadline),
+            // A circuit's refusal is counted by the breaker; a reason added later, by
+            // none of the counters above.
+            _ => {}
+        }
+        crate::signals::record_give_up(why);
+        match why {
+            GiveUp::Permanent => {
+                tracing::debug!(target: "stormguard::retry", attempts, reason = why.as_str(), "giving up")
+            }
+            _ => {
+                tracing::info!(target: "stormguard::retry", attempts, reason = why.as_str(), "giving up")
+            }
+        }
+    }
+
+    /// The budget as the metrics show it.
+    #[cfg(feature = "metrics")]
+    fn budget_view(&self) -> crate::metrics::BudgetView {
+        let now = tokio::time::Instant::now().into_std();
+        let budget = &self.budget;
+        let (requests, wasted) = budget.usage(now);
+        let ratio = if requests == 0 {
+            0.0
+        } else {
+            wasted as f64 / requests as f64
+        };
+        crate::metrics::BudgetView {
+            remaining: budget.available(now),
+            allowance: budget.allowance_left(),
+            ratio,
+        }
+    }
+
     /// A request's outcome handed back after `attempts` attempts, for the metrics.
     pub(super) fn call_ended(&self, attempts: u32) {
         #[cfg(feature = "metrics")]
@@ -115,6 +214,11 @@ impl Shared {
         #[cfg(not(feature = "metrics"))]
         let _ = attempts;
     }
+}
+
+/// `delay` in whole milliseconds, for the traces.
+fn millis(delay: Duration) -> u64 {
+    u64::try_from(delay.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// Whether `res` is a success whatever the request: a 2xx without `grpc-status` is one
