@@ -16,7 +16,7 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use stormguard::methods::MethodPolicy;
+use stormguard::sans_io::methods::MethodPolicy;
 use stormguard::{BoxError, CircuitBreakerLayer, Config, HedgeLayer, RetryLayer};
 use tokio::net::TcpListener;
 use tower::{ServiceBuilder, ServiceExt};

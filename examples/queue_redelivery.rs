@@ -22,8 +22,8 @@ use std::time::{Duration, SystemTime};
 use http::{HeaderMap, StatusCode};
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
-use stormguard::classify::Rules;
-use stormguard::redelivery::{Decision, Redelivery};
+use stormguard::sans_io::classify::Rules;
+use stormguard::sans_io::redelivery::{Decision, Redelivery};
 use stormguard::{Backoff, Jitter};
 
 /// The broker's redrive policy: after this many receives a message is dead-lettered.

@@ -21,7 +21,7 @@
 //! use hyper_util::client::legacy::{connect::HttpConnector, Client};
 //! use hyper_util::rt::TokioExecutor;
 //! use stormguard::connect::TrackedConnector;
-//! use stormguard::{HttpStack, StandardStack};
+//! use stormguard::{StandardStack, stack::HttpStack};
 //!
 //! struct Upstreams {
 //!     users: HttpStack<Client<TrackedConnector<HttpConnector>, String>>,
@@ -53,8 +53,9 @@
 //!   service config; `metrics` (feature `metrics`): the series, through the `metrics`
 //!   facade.
 //! - The decisions themselves are pure functions of an explicit `now` in
-//!   [`stormguard_core`], re-exported here: [`backoff`], [`budget`], [`classify`],
-//!   [`retry_after`], [`deadline`], [`throttle`], [`redelivery`] (queue consumers).
+//!   [`stormguard_core`], re-exported in [`sans_io`]: the backoff, the budget, the
+//!   retry's and the breaker's state machines, classification, deadlines, the
+//!   redelivery decisions of queue consumers; [`retry_after`]'s parsers at the root.
 //!
 //! # What it does under failure
 //!
@@ -103,23 +104,28 @@ pub mod stack;
 mod tower_budget;
 
 pub use body::{NotReplayable, ReplayBody};
-pub use breaker::{BreakerStats, CircuitBreaker, CircuitBreakerLayer, CircuitOpen};
+pub use breaker::{CircuitBreaker, CircuitBreakerLayer, CircuitOpen};
 #[cfg(feature = "serde")]
 #[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
-pub use config::{Config, Dependency};
+pub use config::Config;
 pub use error_class::Unprocessed;
-pub use hedge::{Hedge, HedgeLayer, HedgePolicy, HedgePolicyBuilder, HedgeStats};
-pub use retry::{
-    Attempts, GiveUp, Idempotent, NoRetry, Retry, RetryLayer, RetryPolicy, RetryPolicyBuilder,
-    RetryStats,
-};
-pub use stack::{HttpStack, StandardStack};
+pub use hedge::{Hedge, HedgeLayer, HedgePolicy};
+pub use retry::{Attempts, GiveUp, Idempotent, NoRetry, Retry, RetryLayer, RetryPolicy};
+pub use stack::StandardStack;
 pub use stormguard_core::{
-    backoff, budget, classify, deadline, deadline::Deadline, methods, redelivery, retry_after,
-    throttle, Backoff, CircuitState, Class, ConfigError, Jitter, RetryBudget, RetryBudgetBuilder,
-    Transition,
+    deadline::Deadline, retry_after, Backoff, ConfigError, Jitter, RetryBudget,
 };
-pub use tower_budget::TowerBudget;
+
+/// The sans-IO decisions the layers drive (the `stormguard-core` crate): the budget and
+/// the backoff in full, the breaker's and the retry's state machines, classification,
+/// deadlines, gRPC method tables, and the redelivery decisions of a queue consumer, each
+/// with an explicit `now`, for drivers of your own.
+pub mod sans_io {
+    pub use stormguard_core::{
+        backoff, breaker, budget, classify, deadline, hedge, methods, redelivery, retry, throttle,
+        Class,
+    };
+}
 
 // The README's examples are compiled as doc tests too.
 #[cfg(doctest)]

@@ -121,7 +121,7 @@ impl StormguardMiddleware {
     /// `serde`).
     #[cfg(feature = "serde")]
     #[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
-    pub fn from_dependency(dependency: &crate::Dependency) -> Self {
+    pub fn from_dependency(dependency: &crate::config::Dependency) -> Self {
         StormguardMiddleware {
             policy: dependency.retry.clone(),
             breaker: dependency.breaker.clone(),

@@ -100,7 +100,7 @@
 //!
 //! # Operator control and stats
 //!
-//! Every part is reachable: [`StandardStack::retry`] for [`RetryStats`](crate::RetryStats)
+//! Every part is reachable: [`StandardStack::retry`] for [`RetryStats`](crate::retry::RetryStats)
 //! and the budget, [`StandardStack::breaker`] for the circuit's state, its stats and
 //! [`isolate`](CircuitBreaker::isolate) / [`reset`](CircuitBreaker::reset). Clones of a
 //! stack, and every service one `StandardStack` makes, share one budget and one circuit.

@@ -20,7 +20,7 @@ use tower::retry::budget::Budget;
 /// Clones share one budget, as do `TowerBudget`s made from clones of one `RetryBudget`.
 ///
 /// ```
-/// use stormguard::{RetryBudget, TowerBudget};
+/// use stormguard::{RetryBudget, retry::TowerBudget};
 /// use tower::retry::budget::Budget;
 ///
 /// # #[tokio::main(flavor = "current_thread")]

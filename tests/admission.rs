@@ -283,7 +283,7 @@ where
 
 /// 50 requests of a new client at one instant, into a 100 ms blip of fast 503s: how
 /// many are served, and the policy's stats.
-async fn blip(policy: RetryPolicy) -> (usize, stormguard::RetryStats) {
+async fn blip(policy: RetryPolicy) -> (usize, stormguard::retry::RetryStats) {
     let t0 = Instant::now();
     let upstream = service_fn(move |_req: Request<String>| async move {
         let code = if t0.elapsed() < 100 * MS { 503 } else { 200 };
@@ -363,7 +363,7 @@ async fn timeouts_are_charged_more_than_fast_failures() {
     // then 50 requests against a dependency that answers every attempt with a fast
     // 503, or one whose every attempt times out: a timeout may be work the server did
     // for nobody, charged two wasted retries at once.
-    async fn run(times_out: bool) -> stormguard::RetryStats {
+    async fn run(times_out: bool) -> stormguard::retry::RetryStats {
         let policy = defaults(7);
         let failing = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let flag = failing.clone();

@@ -8,7 +8,7 @@ use std::time::Duration;
 use http::{Request, Response, StatusCode};
 use stormguard::breaker::{CircuitBreakerBuilder, CircuitBreakerService, ResponseBody, Transition};
 use stormguard::BoxError;
-use stormguard::{CircuitBreaker, CircuitBreakerLayer, CircuitOpen, CircuitState};
+use stormguard::{breaker::CircuitState, CircuitBreaker, CircuitBreakerLayer, CircuitOpen};
 use tokio::time::{advance, Instant};
 use tower::{Layer, Service, ServiceExt};
 use tower_test::mock::{self, Handle, Mock};

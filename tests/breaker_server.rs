@@ -16,7 +16,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use stormguard::breaker::{CircuitBreakerService, ResponseBody};
 use stormguard::BoxError;
-use stormguard::{CircuitBreaker, CircuitBreakerLayer, CircuitOpen, CircuitState};
+use stormguard::{breaker::CircuitState, CircuitBreaker, CircuitBreakerLayer, CircuitOpen};
 use tower::{Layer, Service, ServiceExt};
 
 #[derive(Default)]

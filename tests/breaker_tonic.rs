@@ -11,7 +11,7 @@ use bytes::Bytes;
 use http::uri::PathAndQuery;
 use http_body_util::StreamBody;
 use hyper::body::{Frame, Incoming};
-use stormguard::{CircuitBreaker, CircuitBreakerLayer, CircuitState};
+use stormguard::{breaker::CircuitState, CircuitBreaker, CircuitBreakerLayer};
 use tonic::body::Body;
 use tonic::codegen::tokio_stream;
 use tonic::{Code, Request, Response, Status};

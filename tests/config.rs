@@ -152,7 +152,7 @@ async fn example_file_builds_each_dependency_as_written() -> Result<(), BoxError
 async fn every_stack_of_a_dependency_shares_its_budget() -> Result<(), BoxError> {
     let config = example_toml();
     let upstream = Upstream::new();
-    let stack = |dependency: stormguard::Dependency| {
+    let stack = |dependency: stormguard::config::Dependency| {
         ServiceBuilder::new()
             .layer(RetryLayer::new(dependency.retry))
             .service(upstream.service(|_| (MS, status(503))))

@@ -499,7 +499,7 @@ impl http_body::Body for Trickle {
 
 /// Under `RetryLayer::replay_bodies()`, a hedge replays a body the original sent whole,
 /// and a request whose body is still streaming when the delay is up is not hedged.
-async fn streaming<B>(body: B) -> (String, Vec<String>, stormguard::HedgeStats)
+async fn streaming<B>(body: B) -> (String, Vec<String>, stormguard::hedge::HedgeStats)
 where
     B: http_body::Body<Data = bytes::Bytes> + Send + Unpin + 'static,
     B::Error: Into<BoxError>,

@@ -196,8 +196,8 @@ fn selectors(expr: &str) -> Vec<(String, Vec<String>)> {
 fn attempts_past_the_policy_s_own_limit_by_a_grpc_method_are_counted() {
     use std::time::Duration;
 
-    use stormguard::classify::GrpcCodeSet;
-    use stormguard::methods::{GrpcRetryPolicy, MethodPolicy, MethodTable};
+    use stormguard::sans_io::classify::GrpcCodeSet;
+    use stormguard::sans_io::methods::{GrpcRetryPolicy, MethodPolicy, MethodTable};
     use stormguard::{Attempts, Backoff, BoxError, Jitter, RetryLayer, RetryPolicy};
     use tower::{ServiceBuilder, ServiceExt};
 

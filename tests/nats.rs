@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use http::StatusCode;
-use stormguard::redelivery::{Decision, Reason, Redelivery};
+use stormguard::sans_io::redelivery::{Decision, Reason, Redelivery};
 use stormguard::{Backoff, Jitter};
 use worker::{BoxError, Delivery, Job, Kind, NatsServer, Summary};
 

@@ -220,7 +220,7 @@ async fn the_breaker_opens_and_fails_fast() {
             .expect("a response");
         assert_eq!(response.status(), 500);
     }
-    assert_eq!(breaker.state(), stormguard::CircuitState::Open);
+    assert_eq!(breaker.state(), stormguard::breaker::CircuitState::Open);
     let err = client
         .post(&url)
         .body("x")

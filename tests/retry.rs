@@ -28,7 +28,7 @@ fn fixed_backoff() -> Backoff {
     Backoff::new(200 * MS, 20_000 * MS, Jitter::None).expect("valid backoff")
 }
 
-fn policy() -> stormguard::RetryPolicyBuilder {
+fn policy() -> stormguard::retry::RetryPolicyBuilder {
     RetryPolicy::builder()
         .backoff(fixed_backoff())
         .budget(roomy())
@@ -750,7 +750,7 @@ async fn a_no_retry_signal_is_returned_at_once() {
 
 #[tokio::test(start_paused = true)]
 async fn a6_throttling_stops_retries_at_half_the_tokens() {
-    use stormguard::throttle::RetryThrottle;
+    use stormguard::sans_io::throttle::RetryThrottle;
     // gRFC A6 with maxTokens 4, tokenRatio 0.5: retries only while tokens > 2.
     let throttle = RetryThrottle::builder()
         .max_tokens(4.0)

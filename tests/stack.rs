@@ -20,7 +20,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use stormguard::breaker::ResponseBody;
 use stormguard::stack::{HttpStack, StandardStack};
-use stormguard::{BoxError, CircuitState, Deadline};
+use stormguard::{breaker::CircuitState, BoxError, Deadline};
 use tower::{service_fn, ServiceExt};
 
 #[path = "support/budget.rs"]

@@ -3,7 +3,7 @@
 //! A worker that sleeps through a backoff holds the message, a task and a connection for
 //! the whole wait. This one never sleeps. Per message it runs the handler, classifies
 //! the handler's HTTP status with stormguard's rules and lets the core's
-//! [`Redelivery`](stormguard::redelivery::Redelivery) decide:
+//! [`Redelivery`](stormguard::sans_io::redelivery::Redelivery) decide:
 //!
 //! - success: `Ack`;
 //! - transient failure: `Nak` with a delay, full jitter under `base * 2^(n-1)` for the
@@ -23,7 +23,7 @@ mod worker;
 
 use std::time::Duration;
 
-use stormguard::redelivery::{Decision, Redelivery};
+use stormguard::sans_io::redelivery::{Decision, Redelivery};
 use stormguard::{Backoff, Jitter};
 use worker::{BoxError, Summary};
 

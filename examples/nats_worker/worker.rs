@@ -15,8 +15,8 @@ use async_nats::jetstream::stream::{self, RetentionPolicy};
 use async_nats::jetstream::{self, AckKind};
 use futures_util::StreamExt;
 use http::{HeaderMap, StatusCode};
-use stormguard::classify::Rules;
-use stormguard::redelivery::{Decision, Reason, Redelivery};
+use stormguard::sans_io::classify::Rules;
+use stormguard::sans_io::redelivery::{Decision, Reason, Redelivery};
 
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 

@@ -20,7 +20,7 @@ use super::{Callback, CircuitBreaker, CircuitState, Shared, Transition};
 /// ```
 /// use std::time::Duration;
 /// use http::StatusCode;
-/// use stormguard::classify::StatusSet;
+/// use stormguard::sans_io::classify::StatusSet;
 /// use stormguard::CircuitBreaker;
 ///
 /// // Every knob at its default but the last two; docs/defaults.md in the repository has

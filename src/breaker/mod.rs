@@ -157,7 +157,7 @@
 //! use std::time::Duration;
 //!
 //! use http::{Request, Response, StatusCode};
-//! use stormguard::{CircuitBreaker, CircuitBreakerLayer, CircuitOpen, CircuitState};
+//! use stormguard::{CircuitBreaker, CircuitBreakerLayer, CircuitOpen, breaker::CircuitState};
 //! use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
 //!
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)]
@@ -263,6 +263,7 @@ fn now() -> Instant {
 
 /// Counters of a [`CircuitBreaker`], from [`CircuitBreaker::stats`], since it was built.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct BreakerStats {
     /// Calls let through to the inner service (probes included).
     pub calls: u64,

@@ -154,9 +154,8 @@ use std::fmt;
 use stormguard_core::config::{DependencySettings, Settings};
 use stormguard_core::methods::MethodPolicy;
 
-use crate::{
-    CircuitBreaker, ConfigError, HedgePolicy, RetryBudget, RetryPolicy, RetryPolicyBuilder,
-};
+use crate::retry::RetryPolicyBuilder;
+use crate::{CircuitBreaker, ConfigError, HedgePolicy, RetryBudget, RetryPolicy};
 
 /// Every dependency's ready parts, read from one configuration; see the
 /// [module docs](self).

@@ -214,8 +214,8 @@
 //! values, stop retrying, and after a pushback the backoff starts over from its first
 //! ceiling, as gRFC A6 says. Each retry carries `grpc-previous-rpc-attempts`.
 //! [`RetryPolicyBuilder::throttle`] with a
-//! [`RetryThrottle`](crate::throttle::RetryThrottle) adds gRFC A6's `retryThrottling`
-//! exactly ([`throttle`](crate::throttle): a failure takes a token, a success gives
+//! [`RetryThrottle`](crate::sans_io::throttle::RetryThrottle) adds gRFC A6's `retryThrottling`
+//! exactly ([`throttle`](crate::sans_io::throttle): a failure takes a token, a success gives
 //! `tokenRatio` back, no retry at or below half of `maxTokens`), on top of the budget. An
 //! HTTP status without `grpc-status`, say a proxy's 503, is read as gRPC's HTTP-to-gRPC
 //! mapping says (429, 502, 503, 504: UNAVAILABLE).
@@ -314,6 +314,7 @@ mod shared;
 mod wait;
 
 pub use crate::give_up::GiveUp;
+pub use crate::tower_budget::TowerBudget;
 pub use builder::RetryPolicyBuilder;
 pub use layer::{CloneBodies, ReplayBodies, ReplayRetry, RetryLayer};
 pub use policy::RetryPolicy;

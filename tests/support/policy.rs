@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use stormguard::{Backoff, Jitter, RetryPolicy, RetryPolicyBuilder};
+use stormguard::{retry::RetryPolicyBuilder, Backoff, Jitter, RetryPolicy};
 
 /// Waits of 5 to 50 ms, drawn from streams derived from `seed`, and a budget that
 /// grants every retry these tests make (ten a second, unpaced): what is tested here is
