@@ -29,11 +29,7 @@ use stormguard_core::breaker::CircuitState;
 /// assert_eq!(open.remaining(), Duration::from_secs(3));
 /// assert_eq!(err.to_string(), "circuit breaker open: next probe in 3s");
 /// assert_eq!(open.open_for(), Duration::ZERO);
-/// let older = CircuitOpen::new(Duration::from_secs(3)).with_open_for(Duration::from_secs(9));
-/// assert_eq!(older.open_for(), Duration::from_secs(9));
-/// assert_eq!(older.break_duration(), Duration::ZERO);
-/// let known = older.with_break_duration(Duration::from_millis(25));
-/// assert_eq!(known.break_duration(), Duration::from_millis(25));
+/// assert_eq!(open.break_duration(), Duration::ZERO);
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CircuitOpen {
@@ -54,31 +50,16 @@ impl CircuitOpen {
         }
     }
 
-    /// The same refusal from a circuit that has been open for `open_for`.
-    pub fn with_open_for(self, open_for: Duration) -> Self {
-        CircuitOpen { open_for, ..self }
-    }
-
-    /// The same refusal from a breaker whose breaks last `break_duration` (its
-    /// configured first break, before jitter).
-    pub fn with_break_duration(self, break_duration: Duration) -> Self {
-        CircuitOpen {
-            break_duration,
-            ..self
-        }
-    }
-
     /// The refusing breaker's configured break (zero if not known): a first call
     /// refused at the end of a break waits out the rest of it plus up to one of these,
-    /// once, for the probe's verdict
-    /// ([`probe_wait`](stormguard_core::breaker::probe_wait)).
+    /// once, for the probe's verdict (see [`sans_io::retry`](crate::sans_io::retry)).
     pub fn break_duration(&self) -> Duration {
         self.break_duration
     }
 
     /// How long the circuit had been away from Closed when it refused the call: the
     /// age of its backlog, over which the retry layer spreads the refused calls it sends
-    /// again (see [`backlog_wait`](stormguard_core::breaker::backlog_wait)).
+    /// again (see [`sans_io::retry`](crate::sans_io::retry)).
     pub fn open_for(&self) -> Duration {
         self.open_for
     }

@@ -143,7 +143,7 @@
 //! client. When the break ends before the request's next backoff would, the call is
 //! sent again after that backoff (the circuit admits its probe meanwhile), or, if later,
 //! at a random point between the end of the break and four times as long after it as
-//! the circuit has been open ([`backlog_wait`](stormguard_core::breaker::backlog_wait);
+//! the circuit has been open ([`sans_io::retry`](crate::sans_io::retry);
 //! that span is cut to end at the backoff's cap, or at the request's deadline if sooner,
 //! so the spread never ends a request that its backoff alone would not). The calls a
 //! circuit refused are a backlog that wants to be sent the moment it closes: sent after
@@ -164,7 +164,7 @@
 //!   closes, where together they would be a surge the recovering dependency pays for;
 //! - but first, a **first call refused at the end of a break** (or while the probe
 //!   decides) asks again once, for free, after the rest of the break plus a random share
-//!   of one more ([`probe_wait`](stormguard_core::breaker::probe_wait)), when that wait
+//!   of one more ([`sans_io::retry`](crate::sans_io::retry)), when that wait
 //!   cannot outlast the request's first backoff (always, with the default 25 ms breaks
 //!   and 200 ms backoff; never behind breaks of a second or more). The last break of
 //!   an incident ends after the dependency is back, and the requests made during it are

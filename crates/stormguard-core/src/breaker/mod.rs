@@ -247,13 +247,14 @@ pub struct Rejected {
     pub transition: Option<Transition>,
     /// How long the circuit has been away from Closed (open, or half-open between
     /// breaks): the age of the backlog of calls it has refused. Zero when isolated.
-    /// [`backlog_wait`] spreads the calls sent again over a span that grows with it.
+    /// The retry ([`crate::retry`]) spreads the calls sent again over a span that grows
+    /// with it.
     pub open_for: Duration,
 }
 
 /// How much longer than the circuit has been open the calls it refused are spread over
 /// when they are sent again: see [`backlog_wait`].
-pub const BACKLOG_SPREAD: f64 = 4.0;
+pub(crate) const BACKLOG_SPREAD: f64 = 4.0;
 
 /// How long a call the circuit refused waits before it is sent again: its `backoff`,
 /// or, if later, the end of the break plus a uniform share (`draw`, in `[0, 1]`) of
@@ -273,21 +274,7 @@ pub const BACKLOG_SPREAD: f64 = 4.0;
 /// room for. The wait grows only with the circuit's own age: a short break costs a
 /// short wait. The limit cuts the span, not the draw, so no share of the backlog piles
 /// up at the limit; a wait cut to the deadline is still a wait the request can use.
-///
-/// ```
-/// use std::time::Duration;
-/// use stormguard_core::breaker::backlog_wait;
-///
-/// let ms = Duration::from_millis;
-/// let cap = Duration::from_secs(20);
-/// // A circuit open for 300 ms: the call comes back within 1.2 s after the break.
-/// assert_eq!(backlog_wait(ms(50), ms(10), ms(300), cap, 0.5), ms(610));
-/// // A backoff longer than that is kept.
-/// assert_eq!(backlog_wait(ms(900), ms(10), ms(300), cap, 0.0), ms(900));
-/// // A deadline 510 ms away cuts the span to 500 ms after the break.
-/// assert_eq!(backlog_wait(ms(50), ms(10), ms(300), ms(510), 0.5), ms(260));
-/// ```
-pub fn backlog_wait(
+pub(crate) fn backlog_wait(
     backoff: Duration,
     remaining: Duration,
     open_for: Duration,
@@ -325,22 +312,7 @@ pub fn backlog_wait(
 /// break, most are served. A call still refused after it is handled as before
 /// (retried on the budget, spread by [`backlog_wait`]), so in a long outage this only
 /// delays a fast failure by about a break.
-///
-/// ```
-/// use std::time::Duration;
-/// use stormguard_core::breaker::probe_wait;
-///
-/// let ms = Duration::from_millis;
-/// let first_backoff = ms(200);
-/// // 10 ms of a 25 ms break left: asked again 10 to 35 ms from now.
-/// assert_eq!(probe_wait(ms(10), ms(25), first_backoff, || 0.0), Some(ms(10)));
-/// assert_eq!(probe_wait(ms(10), ms(25), first_backoff, || 0.4), Some(ms(20)));
-/// // Half-open, its probe deciding: within a break.
-/// assert_eq!(probe_wait(Duration::ZERO, ms(25), first_backoff, || 1.0), Some(ms(25)));
-/// // Breaks of a second: no wait (and no draw), the call fails fast.
-/// assert_eq!(probe_wait(ms(10), ms(1000), first_backoff, || unreachable!()), None);
-/// ```
-pub fn probe_wait(
+pub(crate) fn probe_wait(
     remaining: Duration,
     break_duration: Duration,
     ceiling: Duration,
@@ -376,6 +348,50 @@ impl std::error::Error for Rejected {}
 #[cfg(test)]
 #[allow(clippy::disallowed_methods)] // tests take their time zero from the clock
 mod tests {
+    use std::time::Duration;
+
+    #[test]
+    fn the_documented_waits() {
+        let ms = Duration::from_millis;
+        let cap = Duration::from_secs(20);
+        // A circuit open for 300 ms: the call comes back within 1.2 s after the break.
+        assert_eq!(
+            super::backlog_wait(ms(50), ms(10), ms(300), cap, 0.5),
+            ms(610)
+        );
+        // A backoff longer than that is kept.
+        assert_eq!(
+            super::backlog_wait(ms(900), ms(10), ms(300), cap, 0.0),
+            ms(900)
+        );
+        // A deadline 510 ms away cuts the span to 500 ms after the break.
+        assert_eq!(
+            super::backlog_wait(ms(50), ms(10), ms(300), ms(510), 0.5),
+            ms(260)
+        );
+
+        let first_backoff = ms(200);
+        // 10 ms of a 25 ms break left: asked again 10 to 35 ms from now.
+        assert_eq!(
+            super::probe_wait(ms(10), ms(25), first_backoff, || 0.0),
+            Some(ms(10))
+        );
+        assert_eq!(
+            super::probe_wait(ms(10), ms(25), first_backoff, || 0.4),
+            Some(ms(20))
+        );
+        // Half-open, its probe deciding: within a break.
+        assert_eq!(
+            super::probe_wait(Duration::ZERO, ms(25), first_backoff, || 1.0),
+            Some(ms(25))
+        );
+        // Breaks of a second: no wait (and no draw), the call fails fast.
+        assert_eq!(
+            super::probe_wait(ms(10), ms(1000), first_backoff, || unreachable!()),
+            None
+        );
+    }
+
     use super::*;
     use std::sync::{Arc, Barrier};
     use std::time::Instant;
