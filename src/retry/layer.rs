@@ -53,6 +53,7 @@ pub struct ReplayBodies;
 /// ```
 pub struct RetryLayer<M = CloneBodies> {
     policy: RetryPolicy,
+    total: Option<std::time::Duration>,
     _mode: PhantomData<fn() -> M>,
 }
 
@@ -61,6 +62,7 @@ impl RetryLayer {
     pub const fn new(policy: RetryPolicy) -> Self {
         RetryLayer {
             policy,
+            total: None,
             _mode: PhantomData,
         }
     }
@@ -73,6 +75,7 @@ impl RetryLayer {
     pub fn replay_bodies(self) -> RetryLayer<ReplayBodies> {
         RetryLayer {
             policy: self.policy,
+            total: self.total,
             _mode: PhantomData,
         }
     }
@@ -83,12 +86,42 @@ impl<M> RetryLayer<M> {
     pub fn policy(&self) -> &RetryPolicy {
         &self.policy
     }
+
+    /// Tells the layer the total timeout above it (what its caller waits at most, from
+    /// a request's first send): no retry is scheduled that would start past it, and a
+    /// gRPC call's `grpc-timeout` says what is left of it. A request's own [`Deadline`]
+    /// (or `grpc-timeout`), if earlier, still wins. [`StandardStack`] does this for its
+    /// own total timeout.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use stormguard::{RetryLayer, RetryPolicy};
+    /// use tower::ServiceBuilder;
+    /// # let upstream = tower::service_fn(|_: http::Request<String>| async {
+    /// #     Ok::<_, tower::BoxError>(http::Response::new(String::new()))
+    /// # });
+    /// let total = Duration::from_secs(5);
+    /// let client = ServiceBuilder::new()
+    ///     .timeout(total)
+    ///     .layer(RetryLayer::new(RetryPolicy::default()).total_timeout(total))
+    ///     .timeout(Duration::from_secs(1))
+    ///     .service(upstream);
+    /// # let _ = client;
+    /// ```
+    ///
+    /// [`Deadline`]: crate::Deadline
+    /// [`StandardStack`]: crate::StandardStack
+    pub fn total_timeout(mut self, total: std::time::Duration) -> Self {
+        self.total = Some(total);
+        self
+    }
 }
 
 impl<M> Clone for RetryLayer<M> {
     fn clone(&self) -> Self {
         RetryLayer {
             policy: self.policy.clone(),
+            total: self.total,
             _mode: PhantomData,
         }
     }
@@ -98,6 +131,7 @@ impl<M> fmt::Debug for RetryLayer<M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RetryLayer")
             .field("policy", &self.policy)
+            .field("total", &self.total)
             .field("mode", &std::any::type_name::<M>())
             .finish()
     }
@@ -107,7 +141,7 @@ impl<S: Clone> Layer<S> for RetryLayer<CloneBodies> {
     type Service = Retry<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        Retry::new(self.policy.clone(), inner)
+        Retry::within(self.policy.clone(), inner, self.total)
     }
 }
 
@@ -115,7 +149,7 @@ impl<S: Clone> Layer<S> for RetryLayer<ReplayBodies> {
     type Service = ReplayRetry<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        ReplayRetry::within(self.policy.clone(), inner, None)
+        ReplayRetry::within(self.policy.clone(), inner, self.total)
     }
 }
 
