@@ -238,10 +238,9 @@ impl<T: Read + Unpin> Read for TrackedIo<T> {
         let mut scratch = ReadBuf::new(&mut this.scratch[..want]);
         std::task::ready!(Pin::new(&mut this.io).poll_read(cx, scratch.unfilled()))?;
         let filled = scratch.filled();
+        let mark = &this.mark;
         this.read.follow(filled, |kind, stream, payload| {
-            if kind == GOAWAY && stream == 0 {
-                this.mark.goaway(payload);
-            }
+            mark.read(kind, stream, payload)
         });
         buf.put_slice(filled);
         Poll::Ready(Ok(()))
@@ -296,11 +295,8 @@ impl<T> TrackedIo<T> {
     /// Follows the bytes the connection took: the heads of the streams it opened.
     fn wrote(&mut self, bytes: &[u8]) {
         let mark = &self.mark;
-        self.written.follow(bytes, |kind, stream, _| {
-            if kind == HEADERS {
-                mark.0.headers.fetch_max(stream, Ordering::SeqCst);
-            }
-        });
+        self.written
+            .follow(bytes, |kind, stream, _| mark.wrote(kind, stream));
     }
 }
 
@@ -419,6 +415,21 @@ impl Mark {
             0 => GoawayPhase::None,
             1 => GoawayPhase::Read,
             _ => GoawayPhase::ActedOn,
+        }
+    }
+
+    /// Records a frame the client wrote: a HEADERS frame's stream.
+    fn wrote(&self, kind: u8, stream: u32) {
+        if kind == HEADERS {
+            self.0.headers.fetch_max(stream, Ordering::SeqCst);
+        }
+    }
+
+    /// Records a frame the server sent: a GOAWAY's last stream id (the first four bytes
+    /// of its payload).
+    fn read(&self, kind: u8, stream: u32, payload: [u8; 4]) {
+        if kind == GOAWAY && stream == 0 {
+            self.goaway(payload);
         }
     }
 
@@ -575,15 +586,17 @@ mod tests {
         bytes
     }
 
-    /// Follows `bytes` a few at a time, as reads and writes come, into `mark`.
+    /// Follows the bytes the client wrote, or read (`read`), a few at a time, as writes
+    /// and reads come, into `mark`.
     fn follow_in_pieces(frames: &mut Frames, bytes: &[u8], mark: &Mark, piece: usize) {
+        let read = !matches!(frames.state, Follow::Preface(_));
         for chunk in bytes.chunks(piece) {
-            frames.follow(chunk, |kind, stream, payload| match kind {
-                HEADERS => {
-                    mark.0.headers.fetch_max(stream, Ordering::SeqCst);
+            frames.follow(chunk, |kind, stream, payload| {
+                if read {
+                    mark.read(kind, stream, payload);
+                } else {
+                    mark.wrote(kind, stream);
                 }
-                GOAWAY if stream == 0 => mark.goaway(payload),
-                _ => {}
             });
         }
     }

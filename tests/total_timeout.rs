@@ -36,6 +36,17 @@ fn policy() -> RetryPolicy {
         .expect("policy")
 }
 
+/// Sends one request through `client`: the answer it hands back.
+async fn send<S>(client: S) -> Response<String>
+where
+    S: tower::Service<Request<String>, Response = Response<String>, Error = BoxError>,
+{
+    client
+        .oneshot(Request::new(String::new()))
+        .await
+        .expect("the 503")
+}
+
 #[tokio::test(start_paused = true)]
 async fn no_retry_is_scheduled_past_the_total_timeout_the_layer_is_told() {
     // Told a total of 1 s, the layer does not wait the 2 s the server asks for.
@@ -44,10 +55,7 @@ async fn no_retry_is_scheduled_past_the_total_timeout_the_layer_is_told() {
         .layer(RetryLayer::new(policy.clone()).total_timeout(Duration::from_secs(1)))
         .service(busy());
     let started = tokio::time::Instant::now();
-    let response = client
-        .oneshot(Request::new(String::new()))
-        .await
-        .expect("the 503");
+    let response = send(client).await;
     assert_eq!(response.status(), 503);
     assert_eq!(Attempts::of(&response), 1);
     assert_eq!(policy.stats().deadline, 1);
@@ -58,10 +66,7 @@ async fn no_retry_is_scheduled_past_the_total_timeout_the_layer_is_told() {
     let client = ServiceBuilder::new()
         .layer(RetryLayer::new(policy.clone()))
         .service(busy());
-    let response = client
-        .oneshot(Request::new(String::new()))
-        .await
-        .expect("the 503");
+    let response = send(client).await;
     assert_eq!(Attempts::of(&response), 3);
     assert_eq!(policy.stats().deadline, 0);
 
@@ -75,10 +80,7 @@ async fn no_retry_is_scheduled_past_the_total_timeout_the_layer_is_told() {
         )
         .map_request(|r: Request<stormguard::ReplayBody<String>>| r.map(|_| String::new()))
         .service(busy());
-    let response = client
-        .oneshot(Request::new(String::new()))
-        .await
-        .expect("the 503");
+    let response = send(client).await;
     assert_eq!(Attempts::of(&response), 1);
     assert_eq!(policy.stats().deadline, 1);
 }

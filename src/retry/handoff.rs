@@ -3,12 +3,15 @@
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::{Extensions, Request, Response};
 use hyper_util::client::legacy::connect::{capture_connection, CaptureConnection};
 
 use crate::connect::{GoawayPhase, Mark};
 use crate::error_class::ErrorClass;
+
+use super::service::Proved;
 
 /// Whether the client below a retry layer tracks its connections, as learned from the
 /// first response of a request the layer tracked.
@@ -113,17 +116,6 @@ pub(super) struct Handoff {
     shared: Arc<Shared>,
 }
 
-/// What a failed tracked attempt proves of its request.
-pub(super) enum Proof {
-    /// It was not processed.
-    Unprocessed,
-    /// Nothing.
-    None,
-    /// It failed with a GOAWAY: not processed if the connection's proof comes
-    /// ([`Mark::settle`]).
-    Settle(Mark),
-}
-
 impl Handoff {
     /// What the attempt, which failed with an error of `class`, proves of its request.
     /// Read while the attempt's future is still held, before it is dropped. The request
@@ -136,27 +128,35 @@ impl Handoff {
     /// - the failure is a GOAWAY, and the connection proves that none of its GOAWAY
     ///   failures was processed ([`Mark::drain_proved`]), now or soon: the failures of
     ///   one GOAWAY come together, so the proof may be a moment behind this one.
-    pub(super) fn unprocessed(&self, class: ErrorClass, tracking: &Tracking) -> Proof {
+    ///
+    /// A proof still to come is waited for, at most `settle` or until the connection
+    /// closes ([`Mark::settle`]).
+    pub(super) fn unprocessed(
+        &self,
+        class: ErrorClass,
+        tracking: &Tracking,
+        settle: Duration,
+    ) -> Proved {
         let Some(mark) = self.shared.mark() else {
             if self.shared.capture.connection_metadata().is_some() {
                 tracking.0.store(UNTRACKED, Ordering::Relaxed);
             }
-            return Proof::None;
+            return Proved::No;
         };
         tracking.0.store(TRACKED, Ordering::Relaxed);
         if class == ErrorClass::Drained {
             mark.note_drained();
             let handed = self.shared.handed.load(Ordering::SeqCst);
             if handed == 1 + GoawayPhase::ActedOn as u8 || mark.drain_proved() {
-                return Proof::Unprocessed;
+                return Proved::Yes;
             }
-            return Proof::Settle(mark);
+            return Proved::Later(Box::pin(mark.settle(settle)));
         }
         // The order matters: a request not handed over by the time its connection is
         // known closed never will be.
         if mark.is_closed() && self.shared.handed.load(Ordering::SeqCst) == NOT_HANDED {
-            return Proof::Unprocessed;
+            return Proved::Yes;
         }
-        Proof::None
+        Proved::No
     }
 }

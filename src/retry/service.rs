@@ -11,8 +11,6 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use super::future::ResponseFuture;
-#[cfg(feature = "hyper-util")]
-use super::handoff::Proof;
 use super::Handoff;
 use super::RetryPolicy;
 
@@ -83,17 +81,12 @@ impl<S> Core<S> {
                 self.tracking.learn(res);
                 Proved::No
             }
-            Err(err) => {
-                let class = crate::error_class::classify_error(err);
-                match handoff.unprocessed(class, &self.tracking) {
-                    Proof::Unprocessed => Proved::Yes,
-                    Proof::None => Proved::No,
-                    // Waited for at most as long as the first retry's backoff could be.
-                    Proof::Settle(mark) => {
-                        Proved::Later(Box::pin(mark.settle(self.policy.shared.backoff.ceiling(0))))
-                    }
-                }
-            }
+            Err(err) => handoff.unprocessed(
+                crate::error_class::classify_error(err),
+                &self.tracking,
+                // Waited for at most as long as the first retry's backoff could be.
+                self.policy.shared.backoff.ceiling(0),
+            ),
         };
         #[cfg(not(feature = "hyper-util"))]
         {
