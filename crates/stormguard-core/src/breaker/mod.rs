@@ -252,6 +252,19 @@ pub struct Rejected {
     pub open_for: Duration,
 }
 
+/// How long a circuit may be away from Closed before the calls it refuses fail at once
+/// (the fail-fast horizon): the retry layer rides out a refusal younger than this with
+/// a backlog wait ([`backlog_wait`]), and fails an older one with `CircuitOpen` after at
+/// most the one short wait for a break's probe ([`probe_wait`]).
+///
+/// Why 500 ms: a blip (a restart, a leader election, a full GC; the storm's blips last
+/// 300 ms) is over within it, so its calls are still ridden out; past it, waiting is
+/// what holds a caller's requests, memory and connections for as long as the outage
+/// lasts, which is how an outage climbs a call chain (linkerd fails fast after 3 s;
+/// Polly's and resilience4j's breakers at once). The caller can fall back at once:
+/// `CircuitOpen::remaining` says when the next probe is due.
+pub const FAIL_FAST_AFTER: Duration = Duration::from_millis(500);
+
 /// How much longer than the circuit has been open the calls it refused are spread over
 /// when they are sent again: see [`backlog_wait`].
 pub(crate) const BACKLOG_SPREAD: f64 = 4.0;

@@ -393,7 +393,10 @@ impl RequestRetry {
     /// budget and spending an attempt (`Ok`: its wait), so that a circuit that stays
     /// open fails new requests fast once the budget is spent. The wait spreads the
     /// circuit's backlog over a span that grows with its age
-    /// ([`breaker::backlog_wait`]).
+    /// ([`breaker::backlog_wait`]). A circuit away from Closed for
+    /// [`breaker::FAIL_FAST_AFTER`] or more is down, not blipping: its refusals fail at
+    /// once (after the one wait for a probe at a break's end), so that an outage does
+    /// not pile the caller's requests up behind it.
     fn refused(
         &mut self,
         env: &mut Env<'_>,
@@ -413,9 +416,12 @@ impl RequestRetry {
                 return Err(self.wait_refused(env, req, wait, true));
             }
         }
+        // Past the horizon the circuit is down, not blipping: the caller hears it now.
+        let down =
+            refusal.open_for >= breaker::FAIL_FAST_AFTER || refusal.state == CircuitState::Isolated;
         let delay = self.next_backoff(env, req.backoff);
         let retries = req.max_attempts.saturating_sub(1);
-        if refusal.remaining > delay || (sent && u32::from(self.refusals) >= retries) {
+        if down || refusal.remaining > delay || (sent && u32::from(self.refusals) >= retries) {
             return Err(self.done(env, self.attempts + 1, Some(GiveUp::CircuitOpen), None));
         }
         let wait = self.backlog_wait(env, req.backoff, delay, refusal);
@@ -724,6 +730,84 @@ mod tests {
                 give_up: Some(GiveUp::CircuitOpen)
             }
         );
+    }
+
+    #[test]
+    fn a_circuit_down_past_the_horizon_fails_calls_within_a_break() {
+        let (now, budget) = (Instant::now(), roomy());
+        let breaks = Duration::from_millis(25);
+        let refusal = |open_for| Refusal {
+            remaining: Duration::from_millis(10),
+            open_for,
+            break_duration: breaks,
+            state: CircuitState::Open,
+        };
+        // Open for 5 s: a new call waits once for the break's probe, at most the rest of
+        // the break and one more, then fails; its wait does not grow with the outage.
+        let down = refusal(Duration::from_secs(5));
+        let mut retry = RequestRetry::new();
+        let first = retry.decide(
+            &mut env(now, &budget),
+            &request(),
+            Attempt::Refused(Some(down)),
+        );
+        let Decision::Refused {
+            delay, probe: true, ..
+        } = first.decision
+        else {
+            panic!("{first:?}");
+        };
+        assert!(delay <= down.remaining + breaks, "{delay:?}");
+        let then = retry.decide(
+            &mut env(now, &budget),
+            &request(),
+            Attempt::Refused(Some(down)),
+        );
+        assert_eq!(
+            then.decision,
+            Decision::Done {
+                attempts: 1,
+                give_up: Some(GiveUp::CircuitOpen)
+            }
+        );
+        // A retry refused past the horizon fails at once too.
+        let mut retry = RequestRetry::new();
+        let failed = Attempt::Answered {
+            class: Class::Retryable { after: None },
+            any_method: false,
+        };
+        retry.decide(&mut env(now, &budget), &request(), failed);
+        let refused = retry.decide(
+            &mut env(now, &budget),
+            &request(),
+            Attempt::Refused(Some(down)),
+        );
+        assert!(matches!(
+            refused.decision,
+            Decision::Done {
+                give_up: Some(GiveUp::CircuitOpen),
+                ..
+            }
+        ));
+        // A blip's refusal (200 ms old) is still ridden out: every seed waits for the
+        // break to end, as a retry.
+        for seed in 0..50 {
+            let mut retry = RequestRetry::new();
+            let mut draw = Some(seed);
+            let mut seeds = || draw.take();
+            let mut env = env(now, &budget);
+            env.seed = Some(&mut seeds);
+            let young = Refusal {
+                remaining: Duration::ZERO,
+                ..refusal(Duration::from_millis(200))
+            };
+            retry.decide(&mut env, &request(), Attempt::Refused(Some(young)));
+            let decided = retry.decide(&mut env, &request(), Attempt::Refused(Some(young)));
+            match decided.decision {
+                Decision::Retry { delay, .. } => assert!(delay >= young.remaining),
+                other => panic!("seed {seed}: {other:?}"),
+            }
+        }
     }
 
     #[test]
