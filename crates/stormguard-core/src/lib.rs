@@ -35,6 +35,7 @@ pub mod config;
 pub mod deadline;
 mod error;
 pub mod hedge;
+pub mod limit;
 pub mod methods;
 mod pace;
 pub mod redelivery;

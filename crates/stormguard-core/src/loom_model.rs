@@ -1,5 +1,5 @@
 //! A loom model of the lock-free parts: the budget's roll-over, its pace's token bucket
-//! and the breaker's half-open probe admission. Built only with `--cfg loom`, which swaps their atomics and
+//! the breaker's half-open probe admission and the load limit's admission. Built only with `--cfg loom`, which swaps their atomics and
 //! locks for loom's (see `sync`); run it with
 //!
 //! ```text
@@ -13,7 +13,8 @@
 //! retries granted <= ratio x deposits + floor, with no per-thread slack; a charge is
 //! never lost to the roll-over that carries its bucket out of the window; the pace
 //! grants exactly the tokens it holds; never more probes in flight than `probes`; and a
-//! failed probe re-opens the circuit whatever races it.
+//! failed probe re-opens the circuit whatever races it; the load limit admits exactly its
+//! limit.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -313,4 +314,39 @@ fn pace_refill_is_granted_once_to_racing_retries() {
         let granted = racing(&pace, 2, |pace| pace.try_take(100, 10.0));
         assert_eq!(granted, 1);
     });
+}
+
+/// The load limit's admission: three calls racing for the two places a limit of two
+/// has get exactly two, whatever the interleaving, and every place comes back when the
+/// permits are dropped (a place is never lost or counted twice).
+#[test]
+fn load_limit_admits_exactly_its_limit_to_racing_calls() {
+    use crate::limit::LoadLimit;
+    model(
+        "load_limit_admits_exactly_its_limit_to_racing_calls",
+        || {
+            let limit = LoadLimit::builder()
+                .min(1)
+                .initial(2)
+                .build()
+                .expect("valid limit");
+            let now = Instant::now();
+            let handles: Vec<_> = (0..2)
+                .map(|_| {
+                    let limit = limit.clone();
+                    thread::spawn(move || limit.try_acquire(now).ok())
+                })
+                .collect();
+            let mine = limit.try_acquire(now).ok();
+            let mut permits: Vec<_> = handles
+                .into_iter()
+                .filter_map(|h| h.join().expect("no panic"))
+                .collect();
+            permits.extend(mine);
+            assert_eq!(permits.len(), 2);
+            assert_eq!(limit.in_flight(), 2);
+            drop(permits);
+            assert_eq!(limit.in_flight(), 0);
+        },
+    );
 }

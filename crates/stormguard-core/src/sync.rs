@@ -3,10 +3,10 @@
 //! model in `loom_model` can explore every interleaving of them.
 
 #[cfg(all(loom, test))]
-pub(crate) use loom::sync::atomic::{AtomicU32, AtomicU64};
+pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
 #[cfg(all(loom, test))]
 pub(crate) use loom::sync::{Mutex, MutexGuard};
 #[cfg(not(all(loom, test)))]
-pub(crate) use std::sync::atomic::{AtomicU32, AtomicU64};
+pub(crate) use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
 #[cfg(not(all(loom, test)))]
 pub(crate) use std::sync::{Mutex, MutexGuard};

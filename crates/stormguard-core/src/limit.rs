@@ -1,0 +1,839 @@
+//! Load control: how many calls a client keeps in flight to one dependency, adapted to
+//! what the dependency serves in time.
+//!
+//! A retry budget bounds what a client *adds* when its dependency fails; it does not see
+//! what its calls *cost*. A dependency that is slow, not broken (saturated, or serving at
+//! a fraction of its capacity) answers later and later, its queue fills, the callers'
+//! timeouts fire on answers still queued, and the dependency spends its capacity on work
+//! nobody waits for. [`LoadLimit`] keeps the calls in flight near what the dependency
+//! serves without a queue, by Little's law (calls in flight = throughput × latency), so
+//! that a saturated dependency's latency stays near its floor and its capacity goes to
+//! answers someone waits for. The calls past the limit wait for room or are shed: never
+//! sent.
+//!
+//! # The signals, and why these
+//!
+//! Each call ends with one [`Load`]:
+//!
+//! - [`Load::Served`]: an answer of the dependency's usual work (a 2xx, a 4xx other than
+//!   429): its latency is a sample.
+//! - [`Load::Overloaded`]: an explicit overload answer (429, gRPC `RESOURCE_EXHAUSTED`,
+//!   Envoy's `x-envoy-overloaded`, Finagle's nack) or an attempt that timed out.
+//! - [`Load::Unrelated`]: anything else (a 5xx, a refused connection, an open circuit).
+//!   A bare 5xx is not a load signal: a dependency that is down, or failing a share of
+//!   its calls, answers with the same 503 as one whose queue is full, and throttling
+//!   such a dependency loses the calls it would have served.
+//!
+//! The limit is adjusted once per sampling window (four times the latency floor, 10 ms
+//! to 1 s, and at least a few calls), from the window's *shortest* latency: a queue in
+//! front of the dependency delays every call, the shortest included, while a slow tail
+//! (a big response, a cold cache) does not move it, so the minimum tells a queue from
+//! noise where a mean or a percentile would not.
+//!
+//! - **A queue** (the window's minimum above `tolerance` × the floor): the limit is cut
+//!   in proportion (`limit × tolerance / ratio`, to a quarter at most), once per round
+//!   trip and only while calls wait at the limit (another client's queue is not this
+//!   one's to cut):
+//!   until calls sent after a cut come back, it is not cut again.
+//! - **The dependency's own latency** (after a cut, the calls sent under the lower limit
+//!   take as long as before): the latency is the dependency's, not a queue's, so the
+//!   floor moves up to it. This is what keeps a brownout (every call 2.5 times as long)
+//!   from being read as a queue and throttled to nothing; it is the step Vegas and
+//!   Gradient lack, which is why they need a long-term average or a periodic probe at a
+//!   low limit (Envoy's minRTT window), which queues a healthy client's calls.
+//! - **Overload answers or timeouts** (at least one in twenty of a window's calls): the
+//!   limit is cut by a quarter.
+//! - **Room** (no queue, and the window's calls in flight reached half the limit): the
+//!   limit grows by its square root, so that a client whose demand rises is not held
+//!   back and the limit stays about twice what a healthy dependency's calls need. Until
+//!   the first cut it doubles while calls wait at it (a slow start, as TCP's), so that
+//!   a new client with a burst is not held back by a limit it has not yet learnt.
+//!
+//! The floor is the shortest latency seen, until a cut shows the dependency slower.
+//!
+//! # The state
+//!
+//! One `LoadLimit` per dependency, shared by `Clone` (an `Arc`), lock-free: admission is
+//! one compare-and-swap on the count in flight; a sample is a few atomic adds; the thread
+//! whose sample ends a window (one compare-and-swap on its start) adjusts the limit. A
+//! [`LimitPermit`] gives its place back when dropped, so a call whose future is dropped
+//! or whose service panics does not leak a place.
+//!
+//! ```
+//! use std::time::{Duration, Instant};
+//! use stormguard_core::limit::{Load, LoadLimit};
+//!
+//! let limit = LoadLimit::builder().min(1).initial(2).build()?;
+//! let t0 = Instant::now();
+//! let a = limit.try_acquire(t0).expect("room");
+//! let _b = limit.try_acquire(t0).expect("room");
+//! // Two in flight at a limit of two: the third is refused (its caller waits or sheds).
+//! assert!(limit.try_acquire(t0).is_err());
+//! a.complete(Load::Served, t0 + Duration::from_millis(10));
+//! assert!(limit.try_acquire(t0 + Duration::from_millis(10)).is_ok());
+//! # Ok::<(), stormguard_core::ConfigError>(())
+//! ```
+
+use std::fmt;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use crate::sync::{AtomicBool, AtomicU32, AtomicU64};
+use crate::ConfigError;
+
+/// The limit a new `LoadLimit` starts at.
+pub const DEFAULT_INITIAL: u32 = 100;
+/// The lowest the limit goes.
+pub const DEFAULT_MIN: u32 = 4;
+/// The highest the limit goes.
+pub const DEFAULT_MAX: u32 = 1000;
+/// How far above its floor a window's shortest latency may be before it counts as a
+/// queue.
+pub const DEFAULT_TOLERANCE: f64 = 1.25;
+/// How long a call may wait for room before it is shed.
+pub const DEFAULT_MAX_WAIT: Duration = Duration::from_millis(100);
+
+/// A window is at least this long...
+const MIN_WINDOW: Duration = Duration::from_millis(10);
+/// ...and at most this long...
+const MAX_WINDOW: Duration = Duration::from_secs(1);
+/// ...this many floors long between the two...
+const WINDOW_FLOORS: u32 = 4;
+/// ...and holds at least this many calls, unless it reached `MAX_WINDOW`.
+const MIN_CALLS: u32 = 4;
+/// The share of a window's calls that must be overload answers or timeouts to cut.
+const DROPS_PER_CUT: u32 = 20;
+/// After this many windows in a row with calls waiting at the limit, the limit is
+/// halved for a round trip to see the latency floor again.
+const PROBE_AFTER: u32 = 25;
+/// A latency cut keeps at least this share of the limit.
+const MAX_CUT: f64 = 0.25;
+/// The cut after overload answers or timeouts.
+const DROP_CUT: f64 = 0.75;
+/// Nothing measured yet.
+const UNKNOWN: u64 = u64::MAX;
+
+/// How a call ended, as the load control reads it: see the [module docs](self).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Load {
+    /// The dependency did its usual work: the call's latency is a sample.
+    Served,
+    /// An explicit overload answer (429, `RESOURCE_EXHAUSTED`, a proxy's or Finagle's
+    /// nack) or a timeout: the dependency has no room.
+    Overloaded,
+    /// Says nothing of the dependency's load (a 5xx, a connection error, an open
+    /// circuit): no sample.
+    Unrelated,
+}
+
+/// A refusal: the calls in flight are at the limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Full {
+    /// The limit when the call was refused.
+    pub limit: u32,
+    /// The calls in flight then.
+    pub in_flight: u32,
+}
+
+/// An adaptive limit on the calls in flight to one dependency: see the
+/// [module docs](self).
+#[derive(Clone)]
+pub struct LoadLimit {
+    state: Arc<State>,
+}
+
+struct State {
+    config: LoadLimitConfig,
+    /// The instant every other is counted from, in nanoseconds: the first `now` seen.
+    origin: OnceLock<Instant>,
+    in_flight: AtomicU32,
+    /// The limit in whole calls, read by admission.
+    limit: AtomicU32,
+    /// The limit in thousandths, the controller's own.
+    limit_milli: AtomicU64,
+    /// The current window's start.
+    window_start: AtomicU64,
+    /// The window's samples (calls served) and drops (overload answers, timeouts).
+    served: AtomicU32,
+    dropped: AtomicU32,
+    /// The window's shortest latency among calls sent since the last cut, and their count.
+    fresh_min: AtomicU64,
+    fresh: AtomicU32,
+    /// The most calls in flight the window saw, counted once they reach half the limit.
+    peak: AtomicU32,
+    /// The latency floor.
+    floor: AtomicU64,
+    /// When the limit was last cut: calls sent before it are not fresh.
+    cut_at: AtomicU64,
+    /// The minimum that caused the last latency cut, until calls sent after it tell
+    /// whether it helped; zero when none is pending.
+    cut_min: AtomicU64,
+    /// The calls served per second in the window of the last cut, and the share of the
+    /// limit it kept (`f64` bits).
+    cut_throughput: AtomicU64,
+    cut_kept: AtomicU64,
+    /// Windows in a row whose calls waited at the limit.
+    saturated_run: AtomicU32,
+    /// Whether the limit doubles while calls wait at it (until the first latency cut).
+    slow_start: AtomicBool,
+    /// The limit (thousandths) a probe halved, until the probe's calls come back.
+    probe_restore: AtomicU64,
+}
+
+/// The settings of a [`LoadLimit`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LoadLimitConfig {
+    initial: u32,
+    min: u32,
+    max: u32,
+    tolerance: f64,
+    max_wait: Duration,
+}
+
+impl Default for LoadLimitConfig {
+    fn default() -> Self {
+        LoadLimitConfig {
+            initial: DEFAULT_INITIAL,
+            min: DEFAULT_MIN,
+            max: DEFAULT_MAX,
+            tolerance: DEFAULT_TOLERANCE,
+            max_wait: DEFAULT_MAX_WAIT,
+        }
+    }
+}
+
+impl LoadLimitConfig {
+    /// The limit a new `LoadLimit` starts at.
+    pub fn initial(&self) -> u32 {
+        self.initial
+    }
+
+    /// The lowest the limit goes.
+    pub fn min(&self) -> u32 {
+        self.min
+    }
+
+    /// The highest the limit goes.
+    pub fn max(&self) -> u32 {
+        self.max
+    }
+
+    /// How far above the floor a window's shortest latency reads as a queue.
+    pub fn tolerance(&self) -> f64 {
+        self.tolerance
+    }
+
+    /// How long a call may wait for room before it is shed.
+    pub fn max_wait(&self) -> Duration {
+        self.max_wait
+    }
+}
+
+/// Builds a [`LoadLimit`]; every setting has a default.
+#[derive(Debug, Clone, Copy, Default)]
+#[must_use]
+pub struct LoadLimitBuilder {
+    config: LoadLimitConfig,
+}
+
+impl LoadLimitBuilder {
+    /// The limit it starts at \[100\]: a new client is not held back before the
+    /// dependency has said anything.
+    pub fn initial(mut self, calls: u32) -> Self {
+        self.config.initial = calls;
+        self
+    }
+
+    /// The lowest the limit goes \[4\]; at least 1.
+    pub fn min(mut self, calls: u32) -> Self {
+        self.config.min = calls;
+        self
+    }
+
+    /// The highest the limit goes \[1000\]; at least `min`.
+    pub fn max(mut self, calls: u32) -> Self {
+        self.config.max = calls;
+        self
+    }
+
+    /// How far above the latency floor a window's shortest latency may be before it
+    /// counts as a queue \[1.25\]; above 1 and at most 10.
+    pub fn tolerance(mut self, ratio: f64) -> Self {
+        self.config.tolerance = ratio;
+        self
+    }
+
+    /// How long a call may wait for room before it is shed \[100 ms\]; zero sheds at
+    /// once. The tower layer waits at most this long.
+    pub fn max_wait(mut self, wait: Duration) -> Self {
+        self.config.max_wait = wait;
+        self
+    }
+
+    /// The settings, or what contradicts.
+    pub fn config(self) -> Result<LoadLimitConfig, ConfigError> {
+        let c = self.config;
+        if c.min == 0 {
+            return Err(ConfigError::invalid("min", c.min, "at least 1"));
+        }
+        if c.max < c.min {
+            return Err(ConfigError::invalid(
+                "max",
+                c.max,
+                format!("at least min, {}", c.min),
+            ));
+        }
+        if !(c.min..=c.max).contains(&c.initial) {
+            return Err(ConfigError::invalid(
+                "initial",
+                c.initial,
+                format!("between min and max, {}..={}", c.min, c.max),
+            ));
+        }
+        if !(c.tolerance > 1.0 && c.tolerance <= 10.0) {
+            return Err(ConfigError::invalid(
+                "tolerance",
+                c.tolerance,
+                "above 1 and at most 10",
+            ));
+        }
+        Ok(c)
+    }
+
+    /// The limit, or what contradicts.
+    pub fn build(self) -> Result<LoadLimit, ConfigError> {
+        Ok(LoadLimit::with_config(self.config()?))
+    }
+}
+
+impl Default for LoadLimit {
+    fn default() -> Self {
+        LoadLimit::with_config(LoadLimitConfig::default())
+    }
+}
+
+impl fmt::Debug for LoadLimit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LoadLimit")
+            .field("limit", &self.limit())
+            .field("in_flight", &self.in_flight())
+            .field("floor", &self.floor())
+            .finish_non_exhaustive()
+    }
+}
+
+impl LoadLimit {
+    /// A builder with the defaults.
+    pub fn builder() -> LoadLimitBuilder {
+        LoadLimitBuilder::default()
+    }
+
+    /// A limit with `config`.
+    pub fn with_config(config: LoadLimitConfig) -> Self {
+        LoadLimit {
+            state: Arc::new(State {
+                config,
+                origin: OnceLock::new(),
+                in_flight: AtomicU32::new(0),
+                limit: AtomicU32::new(config.initial),
+                limit_milli: AtomicU64::new(u64::from(config.initial) * 1000),
+                window_start: AtomicU64::new(0),
+                served: AtomicU32::new(0),
+                dropped: AtomicU32::new(0),
+                fresh_min: AtomicU64::new(UNKNOWN),
+                fresh: AtomicU32::new(0),
+                peak: AtomicU32::new(0),
+                floor: AtomicU64::new(UNKNOWN),
+                cut_at: AtomicU64::new(0),
+                cut_min: AtomicU64::new(0),
+                cut_throughput: AtomicU64::new(0),
+                cut_kept: AtomicU64::new(0),
+                saturated_run: AtomicU32::new(0),
+                slow_start: AtomicBool::new(true),
+                probe_restore: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// Its settings.
+    pub fn config(&self) -> &LoadLimitConfig {
+        &self.state.config
+    }
+
+    /// The limit now, in calls.
+    pub fn limit(&self) -> u32 {
+        self.state.limit.load(Ordering::Acquire)
+    }
+
+    /// The calls in flight now.
+    pub fn in_flight(&self) -> u32 {
+        self.state.in_flight.load(Ordering::Acquire)
+    }
+
+    /// The latency floor, once a call has been served.
+    pub fn floor(&self) -> Option<Duration> {
+        match self.state.floor.load(Ordering::Acquire) {
+            UNKNOWN => None,
+            nanos => Some(Duration::from_nanos(nanos)),
+        }
+    }
+
+    /// A place for one call sent at `now`, or [`Full`] when the calls in flight are at
+    /// the limit. The permit is given back when completed or dropped.
+    pub fn try_acquire(&self, now: Instant) -> Result<LimitPermit, Full> {
+        let state = &self.state;
+        let limit = state.limit.load(Ordering::Acquire);
+        let mut in_flight = state.in_flight.load(Ordering::Relaxed);
+        loop {
+            if in_flight >= limit {
+                return Err(Full { limit, in_flight });
+            }
+            match state.in_flight.compare_exchange_weak(
+                in_flight,
+                in_flight + 1,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => break,
+                Err(now_in_flight) => in_flight = now_in_flight,
+            }
+        }
+        if (in_flight + 1) * 2 >= limit {
+            state.peak.fetch_max(in_flight + 1, Ordering::Relaxed);
+        }
+        Ok(LimitPermit {
+            state: self.state.clone(),
+            sent: state.nanos(now),
+        })
+    }
+}
+
+/// One call's place under a [`LoadLimit`]: [`complete`](Self::complete) it with how the
+/// call ended; dropped without, it gives its place back and says nothing.
+#[must_use = "a permit holds a place until completed or dropped"]
+pub struct LimitPermit {
+    state: Arc<State>,
+    sent: u64,
+}
+
+impl fmt::Debug for LimitPermit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LimitPermit").finish_non_exhaustive()
+    }
+}
+
+impl LimitPermit {
+    /// Records how the call ended at `now` and gives its place back.
+    pub fn complete(self, load: Load, now: Instant) {
+        let state = &self.state;
+        let at = state.nanos(now);
+        match load {
+            Load::Served => {
+                state.served.fetch_add(1, Ordering::Relaxed);
+                if self.sent >= state.cut_at.load(Ordering::Acquire) {
+                    state
+                        .fresh_min
+                        .fetch_min(at.saturating_sub(self.sent).max(1), Ordering::Relaxed);
+                    state.fresh.fetch_add(1, Ordering::Release);
+                }
+            }
+            Load::Overloaded => {
+                state.dropped.fetch_add(1, Ordering::Release);
+            }
+            Load::Unrelated => {}
+        }
+        state.close_window(at);
+    }
+}
+
+impl Drop for LimitPermit {
+    fn drop(&mut self) {
+        self.state.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// What one window saw.
+struct Window {
+    served: u32,
+    dropped: u32,
+    fresh: u32,
+    fresh_min: u64,
+    peak: u32,
+    /// Its length, in nanoseconds.
+    length: u64,
+}
+
+impl State {
+    fn nanos(&self, now: Instant) -> u64 {
+        let origin = *self.origin.get_or_init(|| now);
+        u64::try_from(now.saturating_duration_since(origin).as_nanos()).unwrap_or(u64::MAX - 1)
+    }
+
+    /// Ends the window at `at` if it is due, once whatever races it, and adjusts.
+    fn close_window(&self, at: u64) {
+        let start = self.window_start.load(Ordering::Acquire);
+        let floor = self.floor.load(Ordering::Acquire);
+        let length = match floor {
+            UNKNOWN => MIN_WINDOW,
+            nanos => Duration::from_nanos(nanos.saturating_mul(u64::from(WINDOW_FLOORS)))
+                .clamp(MIN_WINDOW, MAX_WINDOW),
+        };
+        let elapsed = Duration::from_nanos(at.saturating_sub(start));
+        if elapsed < length {
+            return;
+        }
+        let calls = self.served.load(Ordering::Relaxed) + self.dropped.load(Ordering::Relaxed);
+        if calls < MIN_CALLS && elapsed < MAX_WINDOW {
+            return;
+        }
+        if self
+            .window_start
+            .compare_exchange(start, at, Ordering::AcqRel, Ordering::Relaxed)
+            .is_err()
+        {
+            return; // another call closed it
+        }
+        let window = Window {
+            served: self.served.swap(0, Ordering::AcqRel),
+            dropped: self.dropped.swap(0, Ordering::AcqRel),
+            fresh: self.fresh.swap(0, Ordering::AcqRel),
+            fresh_min: self.fresh_min.swap(UNKNOWN, Ordering::AcqRel),
+            peak: self.peak.swap(0, Ordering::AcqRel),
+            length: at - start,
+        };
+        self.adjust(&window, at);
+    }
+
+    /// The controller: the module docs' rules, in order.
+    fn adjust(&self, w: &Window, at: u64) {
+        let c = &self.config;
+        let mut limit = self.limit_milli.load(Ordering::Acquire) as f64 / 1000.0;
+        let mut floor = self.floor.load(Ordering::Acquire);
+        // A floor well below the one known: the dependency got faster, and a queue that
+        // the old floor tolerated may hide how much. Probe for the floor at once.
+        let faster = w.fresh > 0 && floor != UNKNOWN && (w.fresh_min as f64) < floor as f64 * 0.9;
+        if w.fresh > 0 {
+            floor = floor.min(w.fresh_min);
+        }
+        let throughput = f64::from(w.served) / (w.length.max(1) as f64 / 1e9);
+        let calls = w.served + w.dropped;
+        let cut_at = self.cut_at.load(Ordering::Acquire);
+        let pending = self.cut_min.load(Ordering::Acquire);
+        let saturated = f64::from(w.peak) >= limit.floor();
+        let run = if saturated {
+            self.saturated_run.fetch_add(1, Ordering::AcqRel) + 1
+        } else {
+            self.saturated_run.store(0, Ordering::Release);
+            0
+        };
+        if w.dropped > 0 && w.dropped * DROPS_PER_CUT >= calls {
+            limit *= DROP_CUT;
+            self.cut(at, 0, 0.0);
+        } else if w.fresh > 0 && pending != 0 && at < cut_at.saturating_add(pending) {
+            // Calls sent before the cut may still be coming back: no verdict yet.
+        } else if w.fresh > 0 {
+            let restore = self.probe_restore.swap(0, Ordering::AcqRel);
+            if restore != 0 {
+                // The probe's round trip is back, and the floor with it: the limit it
+                // halved returns, for the rules below to judge against that floor.
+                limit = restore as f64 / 1000.0;
+            }
+            if pending != 0 {
+                self.cut_min.store(0, Ordering::Release);
+                let before = f64::from_bits(self.cut_throughput.load(Ordering::Acquire));
+                let kept = f64::from_bits(self.cut_kept.load(Ordering::Acquire));
+                if throughput < before * (1.0 + kept) / 2.0 {
+                    // Fewer calls in flight, about as many fewer served: the calls were
+                    // not queueing, the dependency is slower. Its latency is the floor.
+                    floor = w.fresh_min;
+                }
+            }
+            let ratio = w.fresh_min as f64 / floor.max(1) as f64;
+            if ratio > c.tolerance && saturated {
+                let kept = (c.tolerance / ratio).max(MAX_CUT);
+                limit *= kept;
+                self.cut(at, w.fresh_min, throughput);
+                self.cut_kept.store(kept.to_bits(), Ordering::Release);
+                self.slow_start.store(false, Ordering::Release);
+            } else if ratio > c.tolerance {
+                // A queue this client's limit does not bind: not this client's to cut.
+            } else if saturated && (run >= PROBE_AFTER || faster) {
+                // Calls have waited at the limit for a while with the latency within
+                // the tolerance of a floor that a standing queue may be hiding: halve the
+                // calls in flight for a round trip to see the floor again.
+                self.probe_restore
+                    .store((limit * 1000.0) as u64, Ordering::Release);
+                limit *= 0.5;
+                self.cut(at, 0, 0.0);
+                self.saturated_run.store(0, Ordering::Release);
+            } else if saturated && self.slow_start.load(Ordering::Acquire) {
+                // Calls waited at the limit and the latency stayed at its floor.
+                limit *= 2.0;
+            } else if saturated {
+                limit += 1.0;
+            } else if f64::from(w.peak) * 2.0 >= limit {
+                limit += limit.sqrt();
+            }
+        }
+        let limit = limit.clamp(f64::from(c.min), f64::from(c.max));
+        self.floor.store(floor, Ordering::Release);
+        self.limit_milli
+            .store((limit * 1000.0) as u64, Ordering::Release);
+        self.limit.store(limit as u32, Ordering::Release);
+    }
+
+    /// Records a cut at `at`: calls sent before it are not fresh; `min` (zero after
+    /// overload answers) and `throughput` are what the verdict on it compares with.
+    fn cut(&self, at: u64, min: u64, throughput: f64) {
+        self.cut_at.store(at.max(1), Ordering::Release);
+        self.cut_throughput
+            .store(throughput.to_bits(), Ordering::Release);
+        self.cut_min.store(min, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::disallowed_methods)] // the tests take their time zero from the clock
+mod tests {
+    use std::cmp::Reverse;
+    use std::collections::{BinaryHeap, VecDeque};
+
+    use rand::rngs::SmallRng;
+    use rand::{RngExt, SeedableRng};
+
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    /// A dependency of `workers` serving one call at a time each, first come first
+    /// served, on a virtual clock, called through a shared `LoadLimit`; a call refused
+    /// by the limit is shed at once (the tower layer's wait for room left out).
+    struct Sim {
+        limit: LoadLimit,
+        t0: Instant,
+        now: Duration,
+        rng: SmallRng,
+        workers: usize,
+        busy: usize,
+        queue: VecDeque<LimitPermit>,
+        /// (end of service, permit) of the calls being served.
+        serving: BinaryHeap<Reverse<(Duration, u64)>>,
+        permits: Vec<Option<LimitPermit>>,
+        shed: u64,
+        served: u64,
+    }
+
+    impl Sim {
+        fn new(limit: LoadLimit, workers: usize, seed: u64) -> Self {
+            Sim {
+                limit,
+                t0: Instant::now(),
+                now: Duration::ZERO,
+                rng: SmallRng::seed_from_u64(seed),
+                workers,
+                busy: 0,
+                queue: VecDeque::new(),
+                serving: BinaryHeap::new(),
+                permits: Vec::new(),
+                shed: 0,
+                served: 0,
+            }
+        }
+
+        /// Offers `rate` calls a second (Poisson arrivals) until `until`, each served in
+        /// `service`; `probe` sees the limit after every arrival.
+        fn run(
+            &mut self,
+            rate: f64,
+            service: Duration,
+            until: Duration,
+            mut probe: impl FnMut(Duration, u32, Option<Duration>),
+        ) {
+            let mut next = self.now;
+            while next < until {
+                self.finish_until(next, service);
+                self.now = next;
+                match self.limit.try_acquire(self.t0 + self.now) {
+                    Ok(permit) => self.queue.push_back(permit),
+                    Err(_) => self.shed += 1,
+                }
+                self.start(service);
+                probe(self.now, self.limit.limit(), self.limit.floor());
+                let draw: f64 = self.rng.random();
+                let gap = -(1.0 - draw).ln() / rate;
+                next = self.now + Duration::from_secs_f64(gap);
+            }
+            self.finish_until(until, service);
+            self.now = until;
+        }
+
+        fn start(&mut self, service: Duration) {
+            while self.busy < self.workers {
+                let Some(permit) = self.queue.pop_front() else {
+                    return;
+                };
+                self.busy += 1;
+                let id = self.permits.len() as u64;
+                self.permits.push(Some(permit));
+                self.serving.push(Reverse((self.now + service, id)));
+            }
+        }
+
+        fn finish_until(&mut self, until: Duration, service: Duration) {
+            while let Some(&Reverse((end, id))) = self.serving.peek() {
+                if end > until {
+                    return;
+                }
+                self.serving.pop();
+                self.now = end;
+                self.busy -= 1;
+                self.served += 1;
+                if let Some(permit) = self.permits[id as usize].take() {
+                    permit.complete(Load::Served, self.t0 + end);
+                }
+                self.start(service);
+            }
+        }
+    }
+
+    #[test]
+    fn overload_answers_cut_the_limit_and_5xx_do_not() {
+        let t0 = Instant::now();
+        let limit = LoadLimit::builder().initial(40).build().expect("valid");
+        let mut at = t0;
+        // A second of fast 503s at the limit: not load, the limit stays.
+        for _ in 0..200 {
+            let permits: Vec<_> = (0..40).filter_map(|_| limit.try_acquire(at).ok()).collect();
+            at += 5 * MS;
+            for permit in permits {
+                permit.complete(Load::Unrelated, at);
+            }
+        }
+        assert_eq!(limit.limit(), 40);
+        // Overload answers (429s, timeouts): cut by a quarter per window, to the minimum.
+        for _ in 0..200 {
+            let permits: Vec<_> = (0..40).filter_map(|_| limit.try_acquire(at).ok()).collect();
+            at += 5 * MS;
+            for permit in permits {
+                permit.complete(Load::Overloaded, at);
+            }
+        }
+        assert_eq!(limit.limit(), DEFAULT_MIN);
+    }
+
+    #[test]
+    fn a_dropped_permit_gives_its_place_back() {
+        let t0 = Instant::now();
+        let limit = LoadLimit::builder()
+            .min(1)
+            .initial(1)
+            .build()
+            .expect("valid");
+        let permit = limit.try_acquire(t0).expect("room");
+        assert_eq!(
+            limit.try_acquire(t0).map(|_| ()),
+            Err(Full {
+                limit: 1,
+                in_flight: 1
+            })
+        );
+        let panicked = std::panic::catch_unwind(move || {
+            let _held = permit;
+            panic!("the service panicked");
+        });
+        assert!(panicked.is_err());
+        assert_eq!(limit.in_flight(), 0);
+        assert!(limit.try_acquire(t0).is_ok());
+    }
+
+    #[test]
+    fn bad_settings_are_refused_with_the_reason() {
+        let err = |b: LoadLimitBuilder| b.build().expect_err("invalid").to_string();
+        assert_eq!(
+            err(LoadLimit::builder().min(0)),
+            "invalid min: 0 (allowed: at least 1)"
+        );
+        assert_eq!(
+            err(LoadLimit::builder().initial(2)),
+            "invalid initial: 2 (allowed: between min and max, 4..=1000)"
+        );
+        assert_eq!(
+            err(LoadLimit::builder().tolerance(1.0)),
+            "invalid tolerance: 1.0 (allowed: above 1 and at most 10)"
+        );
+        assert_eq!(
+            err(LoadLimit::builder().min(10).max(5).initial(10)),
+            "invalid max: 5 (allowed: at least min, 10)"
+        );
+    }
+
+    #[test]
+    fn a_healthy_dependency_at_80_percent_of_capacity_sheds_nothing() {
+        for seed in 0..3 {
+            // 8 workers x 10 ms: 800 calls a second; 640 offered.
+            let mut sim = Sim::new(LoadLimit::default(), 8, seed);
+            sim.run(640.0, 10 * MS, Duration::from_secs(160), |_, _, _| {});
+            assert!(sim.served > 100_000, "{}", sim.served);
+            assert_eq!(sim.shed, 0, "seed {seed}: limit {}", sim.limit.limit());
+        }
+    }
+
+    #[test]
+    fn the_limit_follows_littles_law_when_the_latency_doubles_and_back() {
+        // 8 workers: Little's law gives 8 calls in flight whatever the service time
+        // (capacity 8 / s, times the floor s). Three times the capacity is offered, at
+        // 10 ms a call, then 20, then 10 again.
+        let workers = 8;
+        let phases = [(2400.0, 10 * MS), (1200.0, 20 * MS), (2400.0, 10 * MS)];
+        let settle = 400 * MS;
+        for seed in 0..3 {
+            let mut sim = Sim::new(LoadLimit::default(), workers, seed);
+            for (i, (rate, service)) in phases.into_iter().enumerate() {
+                let from = Duration::from_secs(2 * i as u64);
+                let to = from + Duration::from_secs(2);
+                let mut early = Vec::new();
+                sim.run(rate, service, from + settle, |at, limit, _| {
+                    if at >= from + 200 * MS {
+                        early.push(limit);
+                    }
+                });
+                // Within 200 ms of the change the limit is back near Little's law...
+                let low = early
+                    .iter()
+                    .filter(|&&l| (l as usize) < workers / 2)
+                    .count();
+                assert!(low * 20 <= early.len(), "seed {seed} phase {i}: {early:?}");
+                // ...and the floor has followed the service time by the settle.
+                let floor = sim.limit.floor().expect("served");
+                assert!(
+                    floor >= service && floor <= service.mul_f64(1.25),
+                    "{floor:?}"
+                );
+                let served = sim.served;
+                let mut limits = Vec::new();
+                sim.run(rate, service, to, |_, limit, _| {
+                    limits.push(f64::from(limit))
+                });
+                let mean = limits.iter().sum::<f64>() / limits.len() as f64;
+                let capacity = workers as f64 / service.as_secs_f64();
+                let goodput = (sim.served - served) as f64 / (to - from - settle).as_secs_f64();
+                eprintln!(
+                    "seed {seed} phase {i}: mean limit {mean:.1}, served {goodput:.0}/s of \
+                     {capacity:.0}"
+                );
+                // Every worker kept busy, and the calls queued behind them no more than
+                // as many again (a queue of one service time at most).
+                assert!(
+                    goodput >= 0.95 * capacity,
+                    "seed {seed} phase {i}: {goodput}"
+                );
+                let w = workers as f64;
+                assert!(
+                    mean >= w && mean <= 2.0 * w,
+                    "seed {seed} phase {i}: {mean}"
+                );
+            }
+        }
+    }
+}
