@@ -15,6 +15,7 @@
 //! | `tower::timeout::error::Elapsed`, connection reset or aborted, broken pipe, `io::ErrorKind::TimedOut`, hyper's closed, incomplete or timed-out connections, other h2 stream resets | the request may have been processed: retry idempotent requests only |
 //! | hyper's user errors (the request's own body failed or was cut short; not its "dispatch task is gone", which is looked into), a body that could not be replayed ([`NotReplayable`](crate::NotReplayable)) | the caller's doing, not the dependency's: not retried, and not a breaker failure |
 //! | [`CircuitOpen`](crate::circuit_open::CircuitOpen) | a breaker failed fast: never retried |
+//! | [`Shed`](crate::load::Shed) | the load control shed the call: never sent, not retried |
 //! | anything else | not known to be transient: not retried |
 //!
 //! The hyper, hyper-util, h2 and tonic types are recognised with the features of those
@@ -94,6 +95,9 @@ pub(crate) enum ErrorClass {
     MaybeProcessed,
     /// A circuit breaker refused the call.
     CircuitOpen,
+    /// The load control shed the call ([`Shed`](crate::load::Shed)): never sent, and
+    /// not retried (more load on a dependency that has no room).
+    Shed,
     /// The caller's own doing: the request's body failed or was cut short, or could not
     /// be replayed. Retrying will not help, and the dependency is not to blame.
     Local,
@@ -171,6 +175,7 @@ pub(crate) fn classify_chain(err: &(dyn Error + 'static)) -> ErrorClass {
             if matches!(
                 found,
                 ErrorClass::CircuitOpen
+                    | ErrorClass::Shed
                     | ErrorClass::NotSent
                     | ErrorClass::Unprocessed
                     | ErrorClass::Drained
@@ -187,6 +192,9 @@ pub(crate) fn classify_chain(err: &(dyn Error + 'static)) -> ErrorClass {
 fn classify_one(err: &(dyn Error + 'static)) -> Option<ErrorClass> {
     if err.is::<crate::circuit_open::CircuitOpen>() {
         return Some(ErrorClass::CircuitOpen);
+    }
+    if err.is::<crate::load::Shed>() {
+        return Some(ErrorClass::Shed);
     }
     if err.is::<Unprocessed>() {
         return Some(ErrorClass::Unprocessed);

@@ -92,6 +92,7 @@ pub mod connect;
 mod error_class;
 mod give_up;
 pub mod hedge;
+pub mod load;
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub mod metrics;
@@ -110,6 +111,7 @@ pub use breaker::{CircuitBreaker, CircuitBreakerLayer, CircuitOpen};
 pub use config::Config;
 pub use error_class::Unprocessed;
 pub use hedge::{Hedge, HedgeLayer, HedgePolicy};
+pub use load::{LoadControl, LoadControlLayer, Shed};
 pub use retry::{Attempts, GiveUp, Idempotent, NoRetry, Retry, RetryLayer, RetryPolicy};
 pub use stack::StandardStack;
 pub use stormguard_core::{
@@ -122,8 +124,8 @@ pub use stormguard_core::{
 /// with an explicit `now`, for drivers of your own.
 pub mod sans_io {
     pub use stormguard_core::{
-        backoff, breaker, budget, classify, deadline, hedge, methods, redelivery, retry, throttle,
-        Class,
+        backoff, breaker, budget, classify, deadline, hedge, limit, methods, redelivery, retry,
+        throttle, Class,
     };
 }
 

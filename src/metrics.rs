@@ -114,7 +114,7 @@ use stormguard_core::CircuitState;
 use crate::give_up::GiveUp;
 
 /// The reasons in label order; `GiveUp::index` maps into it.
-const REASONS: [GiveUp; 10] = [
+const REASONS: [GiveUp; 11] = [
     GiveUp::Exhausted,
     GiveUp::Permanent,
     GiveUp::Budget,
@@ -125,6 +125,7 @@ const REASONS: [GiveUp; 10] = [
     GiveUp::CircuitOpen,
     GiveUp::Deadline,
     GiveUp::DontRetry,
+    GiveUp::Shed,
 ];
 
 /// A retry policy's handles, registered on first use.

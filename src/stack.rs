@@ -3,9 +3,10 @@
 //! ```text
 //!   total timeout (30 s, which the retry layer also knows as its deadline)
 //!     └ retry (3 attempts, full jitter 200 ms / 20 s, the budget, Retry-After)
-//!         └ circuit breaker (2 s window, 95% of 20 calls or 50 in a row, 25 ms breaks)
-//!             └ attempt timeout (10 s)
-//!                 └ your client: hyper-util's Client, a tonic Channel, any Service
+//!         └ load control (an adaptive limit on the calls in flight; 100 ms wait for room)
+//!             └ circuit breaker (2 s window, 95% of 20 calls or 50 in a row, 25 ms breaks)
+//!                 └ attempt timeout (10 s)
+//!                     └ your client: hyper-util's Client, a tonic Channel, any Service
 //! ```
 //!
 //! ```
@@ -32,8 +33,11 @@
 //! tells the retry layer its deadline (a retry whose wait would end after it is not
 //! scheduled: reason `deadline`); the retry layer sits above the breaker so that an open
 //! circuit is one more failed attempt it can give up on (or wait out, when the break is
-//! shorter than its next backoff); the breaker sits above the attempt timeout so that an
-//! attempt that hangs counts as the failure it is.
+//! shorter than its next backoff); the load control sits below the retry layer, so that
+//! a retry takes a place like any call, and above the breaker, so that a call it sheds
+//! is never counted as the dependency's failure; the breaker sits above the attempt
+//! timeout so that an attempt that hangs counts as the failure it is, and the load
+//! control reads that timeout as overload.
 //!
 //! Build hyper-util's client on a [`TrackedConnector`](crate::connect::TrackedConnector),
 //! as above: hyper-util now and then leaves a request unwritten in the queue of a
@@ -59,13 +63,22 @@
 //!
 //! Hedging stays out: it trades load for latency, and only a dependency whose requests
 //! are safe to send twice, with a latency tail worth cutting, should pay for it; put a
-//! [`HedgeLayer`](crate::HedgeLayer) under the retry layer by hand. A concurrency limit
-//! stays out too: the budget and the breaker bound what a client adds when its
-//! dependency fails, while a limit bounds what it sends when healthy, a capacity
-//! decision with no default that fits every dependency. When you want one, put tower's
-//! `ConcurrencyLimitLayer` outside the stack, so that a request waiting for a slot does
-//! not hold a retry's place:
-//! `ServiceBuilder::new().concurrency_limit(64).service(stack)`.
+//! [`HedgeLayer`](crate::HedgeLayer) under the retry layer by hand.
+//!
+//! # What a caller may be held
+//!
+//! - **Total timeout**: 30 s at most, whatever happens below.
+//! - **Retry**: its backoffs (up to 200 and 400 ms for the default three attempts), or a
+//!   server's `Retry-After` (up to 20 s), never past the total timeout.
+//! - **Load control**: up to 100 ms waiting for room (`max_wait`), then the call fails
+//!   with [`Shed`](crate::load::Shed), not retried.
+//! - **Circuit breaker**: a refused call waits out a short break (25 ms) once for the
+//!   probe; in a circuit away from Closed for less than
+//!   [`FAIL_FAST_AFTER`](crate::sans_io::breaker::FAIL_FAST_AFTER) (500 ms, a blip) it
+//!   is sent again spread over up to four times the circuit's age; past that it fails
+//!   at once with [`CircuitOpen`](crate::CircuitOpen), whose `remaining()` says when the
+//!   next probe is due, so that the caller can fall back.
+//! - **Attempt timeout**: 10 s per attempt.
 //!
 //! # Naming the type
 //!
@@ -114,6 +127,7 @@ use stormguard_core::ConfigError;
 use tower::timeout::Timeout;
 
 use crate::breaker::CircuitBreakerService;
+use crate::load::{LoadControl, LoadControlService};
 use crate::retry::ReplayRetry;
 use crate::{CircuitBreaker, Retry, RetryPolicy};
 
@@ -125,13 +139,17 @@ pub const DEFAULT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The standard stack over a service whose request bodies are `Clone` (hyper-util's
 /// `Client` with `Full<Bytes>` or `String` bodies), from [`StandardStack::http`].
-pub type HttpStack<S> = Timeout<Retry<CircuitBreakerService<Timeout<S>>>>;
+pub type HttpStack<S> = Timeout<Retry<Below<S>>>;
+
+/// The layers of the standard stack below the retry layer: the load control over the
+/// breaker over the attempt timeout.
+pub type Below<S> = LoadControlService<CircuitBreakerService<Timeout<S>>>;
 
 /// The standard stack over a service whose request bodies stream, kept as they are
 /// sent so that a retry can send them again ([`ReplayBody`](crate::ReplayBody), up to the
 /// policy's `max_replay_bytes`), from [`StandardStack::replay`]. The inner service takes
 /// `Request<ReplayBody<B>>`.
-pub type ReplayStack<S> = Timeout<ReplayRetry<CircuitBreakerService<Timeout<S>>>>;
+pub type ReplayStack<S> = Timeout<ReplayRetry<Below<S>>>;
 
 /// The standard stack over a tonic [`Channel`](tonic::transport::Channel) (or any
 /// service of tonic's body type), from [`StandardStack::grpc`]: a
@@ -157,6 +175,7 @@ pub type ToTonic = fn(Request<crate::ReplayBody<tonic::body::Body>>) -> Request<
 #[derive(Clone)]
 pub struct StandardStack {
     retry: RetryPolicy,
+    load: LoadControl,
     breaker: CircuitBreaker,
     total_timeout: Duration,
     attempt_timeout: Duration,
@@ -177,6 +196,10 @@ impl StandardStack {
     pub fn new(name: &str) -> Self {
         StandardStack {
             retry: RetryPolicy::builder()
+                .name(name)
+                .build()
+                .unwrap_or_default(),
+            load: LoadControl::builder()
                 .name(name)
                 .build()
                 .unwrap_or_default(),
@@ -217,6 +240,7 @@ impl StandardStack {
         StandardStackBuilder {
             name: name.to_owned(),
             retry: None,
+            load: None,
             breaker: None,
             total_timeout: DEFAULT_TOTAL_TIMEOUT,
             attempt_timeout: DEFAULT_ATTEMPT_TIMEOUT,
@@ -255,6 +279,11 @@ impl StandardStack {
     /// The circuit breaker: its state, its stats, and operator control.
     pub fn breaker(&self) -> &CircuitBreaker {
         &self.breaker
+    }
+
+    /// The load control: its limit and its [`stats`](LoadControl::stats).
+    pub fn load(&self) -> &LoadControl {
+        &self.load
     }
 
     /// What a caller waits at most, retries included.
@@ -317,11 +346,12 @@ impl StandardStack {
         self.replay(tower::util::MapRequest::new(inner, to_tonic))
     }
 
-    fn below<S>(&self, inner: S) -> CircuitBreakerService<Timeout<S>> {
-        CircuitBreakerService::new(
+    fn below<S>(&self, inner: S) -> Below<S> {
+        let breaker = CircuitBreakerService::new(
             Timeout::new(inner, self.attempt_timeout),
             self.breaker.clone(),
-        )
+        );
+        LoadControlService::new(breaker, self.load.clone())
     }
 }
 
@@ -331,12 +361,20 @@ impl StandardStack {
 pub struct StandardStackBuilder {
     name: String,
     retry: Option<RetryPolicy>,
+    load: Option<LoadControl>,
     breaker: Option<CircuitBreaker>,
     total_timeout: Duration,
     attempt_timeout: Duration,
 }
 
 impl StandardStackBuilder {
+    /// The load control \[`LoadControl::default()`, named after the dependency\]; its
+    /// `max_wait` must be below the attempt timeout.
+    pub fn load_control(mut self, control: LoadControl) -> Self {
+        self.load = Some(control);
+        self
+    }
+
     /// The retry policy \[`RetryPolicy::default()`, named after the dependency\].
     pub fn retry(mut self, policy: RetryPolicy) -> Self {
         self.retry = Some(policy);
@@ -386,8 +424,26 @@ impl StandardStackBuilder {
             ));
         }
         let defaults = StandardStack::new(&self.name);
+        let load = match self.load {
+            Some(load) => load,
+            // The default wait, or half an attempt timeout shorter than it.
+            None => LoadControl::builder()
+                .name(&self.name)
+                .max_wait(stormguard_core::limit::DEFAULT_MAX_WAIT.min(self.attempt_timeout / 2))
+                .build()
+                .unwrap_or(defaults.load),
+        };
+        let wait = load.limit().config().max_wait();
+        if wait >= self.attempt_timeout {
+            return Err(ConfigError::invalid(
+                "max_wait",
+                wait,
+                format!("below the attempt_timeout, {:?}", self.attempt_timeout),
+            ));
+        }
         Ok(StandardStack {
             retry: self.retry.unwrap_or(defaults.retry),
+            load,
             breaker: self.breaker.unwrap_or(defaults.breaker),
             total_timeout: self.total_timeout,
             attempt_timeout: self.attempt_timeout,

@@ -294,6 +294,7 @@ pub(crate) enum Stop {
     CircuitOpen,
     NotReplayable,
     Budget,
+    Shed,
 }
 
 impl Stop {
@@ -303,6 +304,7 @@ impl Stop {
             Stop::CircuitOpen => "circuit open",
             Stop::NotReplayable => "body not replayable",
             Stop::Budget => "budget",
+            Stop::Shed => "load shed",
         }
     }
 }
@@ -417,6 +419,10 @@ impl HedgePolicy {
                     ErrorClass::CircuitOpen => Verdict::NonFatal {
                         stop: Some(Stop::CircuitOpen),
                     },
+                    // No room for a hedge: the attempts already out go on, no more.
+                    ErrorClass::Shed => Verdict::NonFatal {
+                        stop: Some(Stop::Shed),
+                    },
                     ErrorClass::Unprocessed
                     | ErrorClass::Drained
                     | ErrorClass::NotSent
@@ -425,7 +431,7 @@ impl HedgePolicy {
                         stop: Some(Stop::NotReplayable),
                     },
                     ErrorClass::Local | ErrorClass::Unknown => Verdict::Final { success: false },
-                }
+                };
             }
         };
         match class {

@@ -320,6 +320,7 @@ where
                             state: open.state(),
                         }),
                     ),
+                    ErrorClass::Shed => Attempt::Shed,
                     ErrorClass::Local | ErrorClass::Unknown => Attempt::Permanent,
                 },
             };

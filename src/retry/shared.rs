@@ -173,8 +173,8 @@ impl Shared {
                 bump(&c.server_refused)
             }
             GiveUp::Deadline => bump(&c.deadline),
-            // A circuit's refusal is counted by the breaker; a reason added later, by
-            // none of the counters above.
+            // A circuit's refusal is counted by the breaker, a shed call by the load
+            // limit; a reason added later, by none of the counters above.
             _ => {}
         }
         crate::signals::record_give_up(why);

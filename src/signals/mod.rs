@@ -116,7 +116,7 @@ struct Inbound {
 }
 
 /// The give-ups that mean this server's failure is its dependencies' overload.
-const GIVE_UPS: [GiveUp; 7] = [
+const GIVE_UPS: [GiveUp; 8] = [
     GiveUp::Exhausted,
     GiveUp::Budget,
     GiveUp::CircuitOpen,
@@ -124,6 +124,7 @@ const GIVE_UPS: [GiveUp; 7] = [
     GiveUp::DontRetry,
     GiveUp::Pushback,
     GiveUp::RetryAfterTooLong,
+    GiveUp::Shed,
 ];
 
 /// Called by the retry layer when an outbound call gives up.

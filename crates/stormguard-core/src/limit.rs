@@ -127,6 +127,47 @@ pub enum Load {
     Unrelated,
 }
 
+/// Finagle's "retryable nack" response header: the server rejected the request before
+/// any work, for lack of room.
+const FINAGLE_NACK: &str = "finagle-http-nack";
+
+impl Load {
+    /// How an HTTP or gRPC answer reads: 429, gRPC `RESOURCE_EXHAUSTED` (in the headers:
+    /// a trailers-only answer), Envoy's `x-envoy-overloaded` or Finagle's nacks are
+    /// [`Overloaded`](Load::Overloaded); any other 5xx is [`Unrelated`](Load::Unrelated);
+    /// everything else is [`Served`](Load::Served).
+    ///
+    /// ```
+    /// use http::{HeaderMap, StatusCode};
+    /// use stormguard_core::limit::Load;
+    ///
+    /// let none = HeaderMap::new();
+    /// assert_eq!(Load::of_response(StatusCode::OK, &none), Load::Served);
+    /// assert_eq!(Load::of_response(StatusCode::NOT_FOUND, &none), Load::Served);
+    /// assert_eq!(Load::of_response(StatusCode::TOO_MANY_REQUESTS, &none), Load::Overloaded);
+    /// assert_eq!(Load::of_response(StatusCode::SERVICE_UNAVAILABLE, &none), Load::Unrelated);
+    /// let mut grpc = HeaderMap::new();
+    /// grpc.insert("grpc-status", "8".parse().unwrap());
+    /// assert_eq!(Load::of_response(StatusCode::OK, &grpc), Load::Overloaded);
+    /// ```
+    pub fn of_response(status: http::StatusCode, headers: &http::HeaderMap) -> Load {
+        let overloaded = status == http::StatusCode::TOO_MANY_REQUESTS
+            || headers.contains_key(crate::classify::X_ENVOY_OVERLOADED)
+            || headers.contains_key(FINAGLE_NACK)
+            || headers.contains_key(crate::classify::FINAGLE_NONRETRYABLE_NACK)
+            || headers
+                .get(crate::classify::GRPC_STATUS)
+                .is_some_and(|code| code.as_bytes() == b"8");
+        if overloaded {
+            Load::Overloaded
+        } else if status.is_server_error() {
+            Load::Unrelated
+        } else {
+            Load::Served
+        }
+    }
+}
+
 /// A refusal: the calls in flight are at the limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Full {

@@ -1,4 +1,4 @@
-//! A loom model of the lock-free parts: the budget's roll-over, its pace's token bucket
+//! A loom model of the lock-free parts: the budget's roll-over, its pace's token bucket,
 //! the breaker's half-open probe admission and the load limit's admission. Built only with `--cfg loom`, which swaps their atomics and
 //! locks for loom's (see `sync`); run it with
 //!

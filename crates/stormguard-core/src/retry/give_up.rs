@@ -33,6 +33,9 @@ pub enum GiveUp {
     /// said it shed the request (Envoy's `x-envoy-overloaded`, `x-envoy-ratelimited`).
     /// On a gRPC response the reason is [`Pushback`](GiveUp::Pushback).
     DontRetry,
+    /// The load control shed the call: the dependency had no room for it within the
+    /// wait allowed, so it was never sent and is not sent again.
+    Shed,
 }
 
 impl GiveUp {
@@ -47,6 +50,7 @@ impl GiveUp {
             GiveUp::BodyNotReplayable => "body_not_replayable",
             GiveUp::Pushback => "pushback",
             GiveUp::CircuitOpen => "circuit_open",
+            GiveUp::Shed => "shed",
             GiveUp::Deadline => "deadline",
             GiveUp::DontRetry => "dont_retry",
         }

@@ -86,6 +86,8 @@ pub enum Attempt {
     /// A circuit breaker refused the call: it never left the client. `None` for an
     /// isolated circuit, which stays open until reset.
     Refused(Option<Refusal>),
+    /// The load control shed the call: it was never sent, and it is not retried.
+    Shed,
 }
 
 /// What a circuit breaker's refusal says.
@@ -302,6 +304,9 @@ impl RequestRetry {
             Attempt::Refused(None) => {
                 return self.done(env, self.attempts + 1, Some(GiveUp::CircuitOpen), None)
             }
+            // The load control found no room: the call never left, and sending it again
+            // is more of the load the dependency has no room for.
+            Attempt::Shed => return self.done(env, self.attempts + 1, Some(GiveUp::Shed), None),
             Attempt::Refused(Some(refusal)) => match self.refused(env, req, refusal) {
                 Ok(wait) => (Class::Retryable { after: None }, true, false, Some(wait)),
                 Err(decided) => return decided,

@@ -1,0 +1,529 @@
+//! Load control: keep the calls in flight to a dependency near what it serves in time,
+//! and shed the rest before they are sent.
+//!
+//! When a dependency is saturated, every call past its capacity waits in its queue, and
+//! once that wait outlasts the callers' timeouts it spends its capacity on answers
+//! nobody waits for: the storm's `brownout` served 18% of its calls where the capacity
+//! allowed 62%. [`LoadControlLayer`] keeps the calls in flight near what the dependency
+//! serves without a queue (Little's law), adapting the limit from each call's latency,
+//! timeouts and overload answers ([`sans_io::limit`](crate::sans_io::limit) has the
+//! rules and why); a call past the limit waits for room, up to
+//! [`max_wait`](LoadControlBuilder::max_wait) (100 ms), and is then **shed**: never
+//! sent, failed with [`Shed`], which the retry layer does not retry.
+//!
+//! It reads these signals:
+//!
+//! | the call ended with | reads as |
+//! |---|---|
+//! | an answer (2xx, 3xx, 4xx but 429) | a latency sample |
+//! | 429, gRPC `RESOURCE_EXHAUSTED`, `x-envoy-overloaded`, a Finagle nack | overload: the limit is cut |
+//! | a timeout (tower's `Elapsed` anywhere in the error's sources) | overload: the limit is cut |
+//! | any other 5xx, any other error, an open circuit | nothing (not a load signal) |
+//!
+//! A bare 5xx says nothing of load: a dependency that is down, or failing some of its
+//! calls, answers with the same 503 as one whose queue is full, and a limit cut by those
+//! would turn a partial outage into lost calls. In a healthy system the limit stays
+//! about twice what the calls in flight need and nothing waits.
+//!
+//! The [standard stack](crate::stack) puts it between the retry layer and the breaker,
+//! so that a shed call is never counted by the breaker as the dependency's failure, and
+//! the attempt timeout below it is what it reads as a timeout:
+//!
+//! ```
+//! # async fn run() -> Result<(), stormguard::BoxError> {
+//! use std::time::Duration;
+//! use stormguard::load::{LoadControl, LoadControlLayer, Shed};
+//! use tower::{service_fn, ServiceBuilder, ServiceExt};
+//!
+//! let control = LoadControl::builder().name("search").build()?;
+//! let service = ServiceBuilder::new()
+//!     .layer(LoadControlLayer::new(control.clone()))
+//!     .timeout(Duration::from_secs(2))
+//!     .service(service_fn(|_req: http::Request<String>| async {
+//!         Ok::<_, stormguard::BoxError>(http::Response::new(String::new()))
+//!     }));
+//! let response = service.oneshot(http::Request::new(String::new())).await?;
+//! assert_eq!(response.status(), 200);
+//! assert_eq!(control.stats().shed, 0);
+//! # let _: Option<&Shed> = None;
+//! # Ok(())
+//! # }
+//! ```
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+
+use http::{Request, Response};
+use pin_project_lite::pin_project;
+use stormguard_core::limit::{self, LimitPermit, Load, LoadLimitBuilder};
+use stormguard_core::ConfigError;
+use tokio::sync::futures::OwnedNotified;
+use tokio::sync::Notify;
+use tokio::time::Sleep;
+use tower_layer::Layer;
+use tower_service::Service;
+
+use crate::error_class::is_timeout;
+use crate::BoxError;
+
+fn now() -> std::time::Instant {
+    tokio::time::Instant::now().into_std()
+}
+
+/// The error for a call the load control shed: the calls in flight were at the limit
+/// and no room came within the wait allowed. The call was never sent. Find it with
+/// `err.downcast_ref::<Shed>()`; it is distinct from
+/// [`CircuitOpen`](crate::CircuitOpen) (the dependency is busy, not down).
+///
+/// ```
+/// use stormguard::load::Shed;
+///
+/// let err: stormguard::BoxError = Box::new(Shed::new(12, 12));
+/// let shed = err.downcast_ref::<Shed>().expect("a Shed");
+/// assert_eq!(shed.limit(), 12);
+/// assert_eq!(err.to_string(), "load shed: 12 calls in flight at a limit of 12");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Shed {
+    limit: u32,
+    in_flight: u32,
+}
+
+impl Shed {
+    /// A call shed with `in_flight` calls in flight at a limit of `limit`.
+    pub fn new(limit: u32, in_flight: u32) -> Self {
+        Shed { limit, in_flight }
+    }
+
+    /// The limit when the call was shed.
+    pub fn limit(&self) -> u32 {
+        self.limit
+    }
+
+    /// The calls in flight then.
+    pub fn in_flight(&self) -> u32 {
+        self.in_flight
+    }
+}
+
+impl fmt::Display for Shed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "load shed: {} calls in flight at a limit of {}",
+            self.in_flight, self.limit
+        )
+    }
+}
+
+impl std::error::Error for Shed {}
+
+/// One dependency's load control, shared by `Clone`: the adaptive limit, the calls
+/// waiting for room, and the counters.
+#[derive(Clone)]
+pub struct LoadControl {
+    limit: limit::LoadLimit,
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    name: String,
+    /// Woken when a place is given back.
+    room: Arc<Notify>,
+    shed: AtomicU64,
+    waited: AtomicU64,
+}
+
+/// What a [`LoadControl`] has done, from [`LoadControl::stats`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LoadStats {
+    /// The limit now.
+    pub limit: u32,
+    /// The calls in flight now.
+    pub in_flight: u32,
+    /// Calls shed: never sent.
+    pub shed: u64,
+    /// Calls that waited for room (and were sent, or shed).
+    pub waited: u64,
+    /// The latency floor, once a call has been served.
+    pub floor: Option<Duration>,
+}
+
+impl Default for LoadControl {
+    fn default() -> Self {
+        LoadControl::new(limit::LoadLimit::default(), "")
+    }
+}
+
+impl fmt::Debug for LoadControl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LoadControl")
+            .field("name", &self.shared.name)
+            .field("limit", &self.limit)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LoadControl {
+    /// A builder with the defaults (see [`LoadControlBuilder`]).
+    pub fn builder() -> LoadControlBuilder {
+        LoadControlBuilder::default()
+    }
+
+    fn new(limit: limit::LoadLimit, name: &str) -> Self {
+        LoadControl {
+            limit,
+            shared: Arc::new(Shared {
+                name: name.to_owned(),
+                room: Arc::new(Notify::new()),
+                shed: AtomicU64::new(0),
+                waited: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// The dependency's name (the `service` label of its metrics).
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// The limit and its settings.
+    pub fn limit(&self) -> &limit::LoadLimit {
+        &self.limit
+    }
+
+    /// The counters and the limit now.
+    pub fn stats(&self) -> LoadStats {
+        LoadStats {
+            limit: self.limit.limit(),
+            in_flight: self.limit.in_flight(),
+            shed: self.shared.shed.load(Ordering::Relaxed),
+            waited: self.shared.waited.load(Ordering::Relaxed),
+            floor: self.limit.floor(),
+        }
+    }
+
+    fn place(&self, permit: LimitPermit) -> Place {
+        Place {
+            permit: Some(permit),
+            room: self.shared.room.clone(),
+        }
+    }
+
+    fn shed(&self, full: limit::Full) -> Shed {
+        self.shared.shed.fetch_add(1, Ordering::Relaxed);
+        #[cfg(feature = "metrics")]
+        metrics::counter!("stormguard_load_shed_total", "service" => self.shared.name.clone())
+            .increment(1);
+        tracing::debug!(
+            target: "stormguard::load",
+            limit = full.limit,
+            in_flight = full.in_flight,
+            "load shed"
+        );
+        Shed::new(full.limit, full.in_flight)
+    }
+}
+
+/// Builds a [`LoadControl`]; every setting has a default.
+#[derive(Debug, Clone, Default)]
+#[must_use]
+pub struct LoadControlBuilder {
+    limit: LoadLimitBuilder,
+    name: String,
+}
+
+impl LoadControlBuilder {
+    /// The dependency's name, the `service` label of its metrics \[none\].
+    pub fn name(mut self, name: &str) -> Self {
+        self.name = name.to_owned();
+        self
+    }
+
+    /// The limit it starts at \[100\].
+    pub fn initial(mut self, calls: u32) -> Self {
+        self.limit = self.limit.initial(calls);
+        self
+    }
+
+    /// The lowest the limit goes \[4\]; at least 1.
+    pub fn min(mut self, calls: u32) -> Self {
+        self.limit = self.limit.min(calls);
+        self
+    }
+
+    /// The highest the limit goes \[1000\]: for a dependency that must never see more
+    /// calls at once from this client, set it to that.
+    pub fn max(mut self, calls: u32) -> Self {
+        self.limit = self.limit.max(calls);
+        self
+    }
+
+    /// How far above its floor the latency may be before it reads as a queue \[1.25\];
+    /// above 1 and at most 10.
+    pub fn tolerance(mut self, ratio: f64) -> Self {
+        self.limit = self.limit.tolerance(ratio);
+        self
+    }
+
+    /// How long a call may wait for room before it is shed \[100 ms\]; zero sheds at
+    /// once. Keep it below the attempt timeout: a call that waits longer than an
+    /// answer takes is better failed for the caller to fall back.
+    pub fn max_wait(mut self, wait: Duration) -> Self {
+        self.limit = self.limit.max_wait(wait);
+        self
+    }
+
+    /// The load control, or what contradicts.
+    pub fn build(self) -> Result<LoadControl, ConfigError> {
+        Ok(LoadControl::new(self.limit.build()?, &self.name))
+    }
+}
+
+/// Applies a [`LoadControl`] to a service: see the [module docs](self).
+#[derive(Debug, Clone, Default)]
+pub struct LoadControlLayer {
+    control: LoadControl,
+}
+
+impl LoadControlLayer {
+    /// A layer whose services share `control`.
+    pub fn new(control: LoadControl) -> Self {
+        LoadControlLayer { control }
+    }
+}
+
+impl<S> Layer<S> for LoadControlLayer {
+    type Service = LoadControlService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        LoadControlService::new(inner, self.control.clone())
+    }
+}
+
+/// The service made by [`LoadControlLayer`]: sends a call when the limit has room,
+/// waits for room up to the control's `max_wait`, and sheds it otherwise.
+///
+/// # Clone
+///
+/// Clones share the load control (and clone the inner service).
+#[derive(Clone, Debug)]
+pub struct LoadControlService<S> {
+    inner: S,
+    control: LoadControl,
+}
+
+impl<S> LoadControlService<S> {
+    /// Wraps `inner` with `control`.
+    pub fn new(inner: S, control: LoadControl) -> Self {
+        LoadControlService { inner, control }
+    }
+
+    /// The load control this service reports to.
+    pub fn control(&self) -> &LoadControl {
+        &self.control
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, unwrapped.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S, B, ResB> Service<Request<B>> for LoadControlService<S>
+where
+    S: Service<Request<B>, Response = Response<ResB>> + Clone,
+    S::Error: Into<BoxError> + 'static,
+{
+    type Response = Response<ResB>;
+    type Error = BoxError;
+    type Future = ResponseFuture<S, Request<B>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        let state = match self.control.limit.try_acquire(now()) {
+            // The place exists before the inner call, so a `call` that panics gives it
+            // back as it unwinds.
+            Ok(permit) => {
+                let place = self.control.place(permit);
+                State::Called {
+                    future: self.inner.call(request),
+                    place: Some(place),
+                }
+            }
+            Err(full) if self.control.limit.config().max_wait().is_zero() => State::Shed {
+                shed: Some(self.control.shed(full)),
+            },
+            Err(_) => {
+                // The ready service goes with the call; this one keeps a clone.
+                let clone = self.inner.clone();
+                let service = std::mem::replace(&mut self.inner, clone);
+                self.control.shared.waited.fetch_add(1, Ordering::Relaxed);
+                let wait = self.control.limit.config().max_wait();
+                State::Waiting {
+                    wait: Box::new(Wait {
+                        service,
+                        request: Some(request),
+                        control: self.control.clone(),
+                        room: registered(&self.control.shared.room),
+                        deadline: Box::pin(tokio::time::sleep(wait)),
+                    }),
+                }
+            }
+        };
+        ResponseFuture { state }
+    }
+}
+
+/// A registration for the next place given back, enabled at once so that a place given
+/// back before it is polled is not missed.
+fn registered(room: &Arc<Notify>) -> Pin<Box<OwnedNotified>> {
+    let mut notified = Box::pin(room.clone().notified_owned());
+    notified.as_mut().enable();
+    notified
+}
+
+/// A call's place: gives it back, and wakes a call waiting for room, when dropped.
+struct Place {
+    permit: Option<LimitPermit>,
+    room: Arc<Notify>,
+}
+
+impl Place {
+    fn complete(mut self, load: Load) {
+        if let Some(permit) = self.permit.take() {
+            permit.complete(load, now());
+        }
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        drop(self.permit.take());
+        self.room.notify_one();
+    }
+}
+
+/// A call waiting for room (boxed: only calls that wait pay for it).
+struct Wait<S, Req> {
+    service: S,
+    request: Option<Req>,
+    control: LoadControl,
+    room: Pin<Box<OwnedNotified>>,
+    deadline: Pin<Box<Sleep>>,
+}
+
+pin_project! {
+    /// The future of a [`LoadControlService`] call.
+    pub struct ResponseFuture<S, Req>
+    where
+        S: Service<Req>,
+    {
+        #[pin]
+        state: State<S, Req>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<S, Req>
+    where
+        S: Service<Req>,
+    {
+        Called {
+            #[pin]
+            future: S::Future,
+            place: Option<Place>,
+        },
+        Waiting {
+            wait: Box<Wait<S, Req>>,
+        },
+        Shed {
+            shed: Option<Shed>,
+        },
+    }
+}
+
+impl<S, Req> fmt::Debug for ResponseFuture<S, Req>
+where
+    S: Service<Req>,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    }
+}
+
+impl<S, Req, ResB> Future for ResponseFuture<S, Req>
+where
+    S: Service<Req, Response = Response<ResB>>,
+    S::Error: Into<BoxError> + 'static,
+{
+    type Output = Result<Response<ResB>, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                StateProj::Called { future, place } => {
+                    let result = ready!(future.poll(cx));
+                    if let Some(place) = place.take() {
+                        place.complete(load_of(&result));
+                    }
+                    return Poll::Ready(result.map_err(Into::into));
+                }
+                StateProj::Shed { shed } => {
+                    let shed = shed.take().unwrap_or_else(|| Shed::new(0, 0));
+                    return Poll::Ready(Err(shed.into()));
+                }
+                StateProj::Waiting { wait } => {
+                    let next = match wait.control.limit.try_acquire(now()) {
+                        Ok(permit) => match wait.request.take() {
+                            Some(request) => State::Called {
+                                future: wait.service.call(request),
+                                place: Some(wait.control.place(permit)),
+                            },
+                            None => State::Shed { shed: None },
+                        },
+                        Err(full) => {
+                            if wait.room.as_mut().poll(cx).is_ready() {
+                                wait.room = registered(&wait.control.shared.room);
+                                continue;
+                            }
+                            if wait.deadline.as_mut().poll(cx).is_pending() {
+                                return Poll::Pending;
+                            }
+                            State::Shed {
+                                shed: Some(wait.control.shed(full)),
+                            }
+                        }
+                    };
+                    this.state.set(next);
+                }
+            }
+        }
+    }
+}
+
+/// How a call's outcome reads to the load control (the module docs' table).
+fn load_of<ResB, E: 'static>(result: &Result<Response<ResB>, E>) -> Load {
+    match result {
+        Ok(response) => Load::of_response(response.status(), response.headers()),
+        Err(err) if is_timeout(err) => Load::Overloaded,
+        // A connection error, an open circuit, a call shed further down: not load.
+        Err(_) => Load::Unrelated,
+    }
+}
