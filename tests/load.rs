@@ -1,0 +1,126 @@
+//! The load control as a caller sees it, on paused time: a call past the limit waits
+//! for room, and is shed (never sent, a `Shed` error, not retried) when none comes.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{Request, Response};
+use stormguard::load::{LoadControl, LoadControlLayer, Shed};
+use stormguard::{BoxError, GiveUp, RetryBudget, RetryLayer, RetryPolicy};
+use tokio::sync::Semaphore;
+use tower::{service_fn, ServiceBuilder, ServiceExt};
+
+/// A dependency that counts the calls it gets and answers each once `gate` lets it.
+fn gated(
+    calls: Arc<AtomicU32>,
+    gate: Arc<Semaphore>,
+) -> impl tower::Service<
+    Request<String>,
+    Response = Response<String>,
+    Error = BoxError,
+    Future = impl Send,
+> + Clone {
+    service_fn(move |_: Request<String>| {
+        let (calls, gate) = (calls.clone(), gate.clone());
+        async move {
+            calls.fetch_add(1, Ordering::SeqCst);
+            let _pass = gate.acquire().await?;
+            Ok::<_, BoxError>(Response::new(String::new()))
+        }
+    })
+}
+
+fn control(max_wait: Duration) -> LoadControl {
+    LoadControl::builder()
+        .min(1)
+        .initial(1)
+        .max_wait(max_wait)
+        .build()
+        .expect("valid")
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_shed_call_is_never_sent_fails_with_shed_and_is_not_retried() {
+    let (calls, gate) = (Arc::new(AtomicU32::new(0)), Arc::new(Semaphore::new(0)));
+    let control = control(Duration::from_millis(50));
+    let budget = RetryBudget::builder()
+        .allowance(100)
+        .build()
+        .expect("budget");
+    let policy = RetryPolicy::builder()
+        .budget(budget)
+        .build()
+        .expect("policy");
+    let client = ServiceBuilder::new()
+        .layer(RetryLayer::new(policy.clone()))
+        .layer(LoadControlLayer::new(control.clone()))
+        .service(gated(calls.clone(), gate.clone()));
+    // The first call takes the only place and is held.
+    let first = tokio::spawn(client.clone().oneshot(Request::new(String::new())));
+    tokio::task::yield_now().await;
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    // The second waits for room for 50 ms, then fails with `Shed`, unsent, unretried.
+    let started = tokio::time::Instant::now();
+    let err = client
+        .clone()
+        .oneshot(Request::new(String::new()))
+        .await
+        .expect_err("shed");
+    let shed = err.downcast_ref::<Shed>().expect("a Shed");
+    assert_eq!((shed.limit(), shed.in_flight()), (1, 1));
+    assert_eq!(started.elapsed(), Duration::from_millis(50));
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "the shed call was never sent");
+    let stats = control.stats();
+    assert_eq!((stats.shed, stats.waited), (1, 1));
+    assert_eq!(policy.stats().retries, 0);
+    assert_eq!(GiveUp::Shed.as_str(), "shed");
+    // The held call completes normally.
+    gate.add_permits(1);
+    let response = first.await.expect("joined").expect("served");
+    assert_eq!(response.status(), 200);
+    assert_eq!(control.stats().in_flight, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_waiting_for_room_is_sent_when_a_place_is_given_back() {
+    let (calls, gate) = (Arc::new(AtomicU32::new(0)), Arc::new(Semaphore::new(0)));
+    let control = control(Duration::from_millis(100));
+    let client = ServiceBuilder::new()
+        .layer(LoadControlLayer::new(control.clone()))
+        .service(gated(calls.clone(), gate.clone()));
+    let first = tokio::spawn(client.clone().oneshot(Request::new(String::new())));
+    let second = tokio::spawn(client.clone().oneshot(Request::new(String::new())));
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "one place: the second waits");
+    // The first is answered at 30 ms; the second takes its place and is sent.
+    gate.add_permits(2);
+    assert_eq!(first.await.expect("joined").expect("served").status(), 200);
+    assert_eq!(second.await.expect("joined").expect("served").status(), 200);
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    let stats = control.stats();
+    assert_eq!((stats.shed, stats.waited, stats.in_flight), (0, 1, 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_caller_that_gives_up_gives_its_place_back() {
+    let (calls, gate) = (Arc::new(AtomicU32::new(0)), Arc::new(Semaphore::new(0)));
+    let control = control(Duration::ZERO);
+    let client = ServiceBuilder::new()
+        .layer(LoadControlLayer::new(control.clone()))
+        .service(gated(calls.clone(), gate.clone()));
+    // A caller's own timeout drops the call while it is held: its place comes back.
+    let dropped = tokio::time::timeout(
+        Duration::from_millis(10),
+        client.clone().oneshot(Request::new(String::new())),
+    )
+    .await;
+    assert!(dropped.is_err());
+    assert_eq!(control.stats().in_flight, 0);
+    gate.add_permits(1);
+    let response = client
+        .oneshot(Request::new(String::new()))
+        .await
+        .expect("room again");
+    assert_eq!(response.status(), 200);
+}
