@@ -414,7 +414,9 @@ impl Place {
 impl Drop for Place {
     fn drop(&mut self) {
         drop(self.permit.take());
-        self.room.notify_one();
+        // The newest waiter first (LIFO): in a sustained overload the oldest waiters
+        // are the likeliest to be shed anyway, and the newest to still be waited for.
+        self.room.notify_last();
     }
 }
 

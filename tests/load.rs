@@ -70,7 +70,11 @@ async fn a_shed_call_is_never_sent_fails_with_shed_and_is_not_retried() {
     let shed = err.downcast_ref::<Shed>().expect("a Shed");
     assert_eq!((shed.limit(), shed.in_flight()), (1, 1));
     assert_eq!(started.elapsed(), Duration::from_millis(50));
-    assert_eq!(calls.load(Ordering::SeqCst), 1, "the shed call was never sent");
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "the shed call was never sent"
+    );
     let stats = control.stats();
     assert_eq!((stats.shed, stats.waited), (1, 1));
     assert_eq!(policy.stats().retries, 0);
@@ -92,7 +96,11 @@ async fn a_call_waiting_for_room_is_sent_when_a_place_is_given_back() {
     let first = tokio::spawn(client.clone().oneshot(Request::new(String::new())));
     let second = tokio::spawn(client.clone().oneshot(Request::new(String::new())));
     tokio::time::sleep(Duration::from_millis(30)).await;
-    assert_eq!(calls.load(Ordering::SeqCst), 1, "one place: the second waits");
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "one place: the second waits"
+    );
     // The first is answered at 30 ms; the second takes its place and is sent.
     gate.add_permits(2);
     assert_eq!(first.await.expect("joined").expect("served").status(), 200);

@@ -7,9 +7,10 @@ use http::{Request, Uri};
 use http_body_util::Empty;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use stormguard::load::Shed;
 use stormguard::BoxError;
 use tokio::task::JoinSet;
-use tokio::time::{Instant, MissedTickBehavior};
+use tokio::time::Instant;
 use tower::ServiceExt;
 
 use crate::report::Report;
@@ -25,6 +26,8 @@ pub(crate) struct Outcome {
     pub(crate) started: Duration,
     pub(crate) latency: Duration,
     pub(crate) ok: bool,
+    /// Failed with the load control's `Shed`: never sent.
+    pub(crate) shed: bool,
 }
 
 /// Runs one strategy against a fresh server, stops the server, and reports.
@@ -93,30 +96,36 @@ pub(crate) async fn run_client(
     scenario: Scenario,
     start: Instant,
 ) -> Vec<Outcome> {
-    let period = Duration::from_secs_f64(1.0 / scenario.rate_per_client);
+    let period = |at: Duration| Duration::from_secs_f64(1.0 / scenario.rate_at(at));
     // Clients are spread evenly over one period, not in lockstep.
-    let offset = period.mul_f64(f64::from(index) / f64::from(scenario.clients));
-    let mut ticks = tokio::time::interval_at(start + offset, period);
-    ticks.set_missed_tick_behavior(MissedTickBehavior::Burst);
+    let offset = period(Duration::ZERO).mul_f64(f64::from(index) / f64::from(scenario.clients));
     let stop = start + scenario.phases.end;
-    let max_requests = scenario.phases.end.as_secs_f64() * scenario.rate_per_client + 1.0;
+    let peak_rate = scenario
+        .rate_at(scenario.phases.window_start)
+        .max(scenario.rate_per_client);
+    let max_requests = scenario.phases.end.as_secs_f64() * peak_rate + 1.0;
 
     let mut requests = JoinSet::new();
+    // An open loop on a schedule: a late tick is sent at once (a burst), as tokio's
+    // `MissedTickBehavior::Burst` does, and the schedule is not shifted.
+    let mut at = start + offset;
     for _ in 0..max_requests as u64 {
-        let at = ticks.tick().await;
         if at >= stop {
             break;
         }
+        tokio::time::sleep_until(at).await;
         let request = send(stack.clone(), uri.clone(), scenario.request_deadline);
         let started = at - start;
         requests.spawn(async move {
-            let (latency, ok) = request.await;
+            let (latency, ok, shed) = request.await;
             Outcome {
                 started,
                 latency,
                 ok,
+                shed,
             }
         });
+        at += period(started);
     }
     // Every request gives up at its deadline, so this ends; the timeout is a backstop
     // (the set aborts whatever is left when it is dropped).
@@ -130,14 +139,16 @@ pub(crate) async fn run_client(
     outcomes
 }
 
-/// Sends one request through `stack`; its latency and whether it succeeded.
-pub(crate) async fn send(stack: Stack, uri: Uri, deadline: Duration) -> (Duration, bool) {
+/// Sends one request through `stack`; its latency, whether it succeeded, and whether
+/// the load control shed it.
+pub(crate) async fn send(stack: Stack, uri: Uri, deadline: Duration) -> (Duration, bool, bool) {
     let began = Instant::now();
     let mut req = Request::new(Empty::new());
     *req.uri_mut() = uri;
-    let ok = matches!(
-        tokio::time::timeout(deadline, stack.oneshot(req)).await,
-        Ok(Ok(res)) if res.status().is_success()
-    );
-    (began.elapsed(), ok)
+    let (ok, shed) = match tokio::time::timeout(deadline, stack.oneshot(req)).await {
+        Ok(Ok(res)) => (res.status().is_success(), false),
+        Ok(Err(err)) => (false, err.downcast_ref::<Shed>().is_some()),
+        Err(_elapsed) => (false, false),
+    };
+    (began.elapsed(), ok, shed)
 }

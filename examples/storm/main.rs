@@ -19,6 +19,8 @@
 //!   and 60%, named `partial30` and `partial60`);
 //! - **brownout**: every request takes 2.5 times as long, so capacity drops to 40% and the
 //!   queue fills;
+//! - **overload**: the server is healthy, but the offered load jumps to three times its
+//!   capacity for the window, then back;
 //! - **fleet**: an outage seen by 200 small clients (2.6 requests/s each) that each keep
 //!   their own retry budget and circuit breaker, instead of 8 clients sharing one;
 //! - **blip**: ten blips of 300 ms, one every 2 s, in which every request gets a fast
@@ -36,12 +38,18 @@
 //!    pinned whatever the defaults become (the reference every row is judged against);
 //! 4. **tower**: `tower::retry::Retry` with tower's `ExponentialBackoff` and a
 //!    `TpsBudget` (20% plus 10 retries a second, linkerd's and Finagle's defaults);
-//! 5. **stormguard**: [`RetryLayer`] over a [`CircuitBreakerLayer`], both with the
-//!    library's defaults (`RetryPolicy::builder().seed(seed).build()` and
-//!    `CircuitBreaker::builder().seed(seed).build()`): what a user gets.
+//! 5. **stormguard**: the [standard stack](stormguard::stack) with the library's
+//!    defaults (the retry policy and the breaker seeded from `--seed`), the storm's
+//!    100 ms attempt timeout aside: what a user gets.
 //!
-//! Outside `fleet` the clients of a strategy share one policy, budget and breaker; in
-//! `fleet` each client builds its own (seeded from `--seed` and its index).
+//! In `brownout` and `overload` four more rows are the adaptive concurrency limiters a
+//! Rust user would pick instead, each with its crate's default settings, under tower's
+//! `Retry` as in the `tower` row, one limiter shared by the clients (over the first
+//! client's connection pool): `acc-vegas` and `acc-gradient2` (`tower-acc`),
+//! `adaptive-aimd` and `adaptive-vegas` (`tower-resilience-adaptive`).
+//!
+//! Outside `fleet` the clients of a strategy share one policy, budget, load control and
+//! breaker; in `fleet` each client builds its own (seeded from `--seed` and its index).
 //!
 //! # The mechanism
 //!
@@ -59,7 +67,13 @@
 //!
 //! Attempts are counted at the server, per 100 ms. Requests are counted at the clients
 //! by the time they were started: in the window, after it, in the first second after
-//! it. The run prints one table per scenario and draws the outage scenario's attempts
+//! it. `goodput` is the requests the clients got a 200 for while the window lasted,
+//! per second, as a share of what the server served per second in the same window with
+//! its workers always busy in `overload` and `brownout` (its capacity, measured); `late
+//! p99` is the p99 latency of the requests started 1 s or more into the window (how
+//! long a caller is held once the fault is more than a blip); `shed out` counts the
+//! requests the load control shed while the server was healthy (before and after the
+//! window), `shed win` those it shed in the window. The run prints one table per scenario and draws the outage scenario's attempts
 //! per second at the server in an SVG (`target/storm.svg` by default).
 
 mod fleet;
@@ -101,6 +115,10 @@ const RECOVERY_WINDOW: Duration = Duration::from_millis(250);
 const RECOVERED_RATIO: f64 = 0.99;
 /// In a brownout, the work per request is multiplied by this (capacity to 40%).
 const BROWNOUT_SLOWDOWN: f64 = 2.5;
+/// Every strategy's per-attempt timeout.
+const ATTEMPT_TIMEOUT: Duration = Duration::from_millis(100);
+/// In an overload, the clients offer this many times the server's capacity.
+const OVERLOAD: f64 = 3.0;
 /// The blip scenario: a blip of this length...
 const BLIP_LENGTH: Duration = Duration::from_millis(300);
 /// ...at the start of every this long...
@@ -113,16 +131,19 @@ const PARTIAL_LONG_SECS: f64 = 60.0;
 const USAGE: &str = "\
 usage: cargo run --release --example storm -- [OPTIONS]
 
-  --scenario NAME    outage | partial | brownout | fleet | blip | fleet-partial |
-                     partial30-long | all [outage]
+  --scenario NAME    outage | partial | brownout | overload | fleet | blip |
+                     fleet-partial | partial30-long | all [outage]
   --fail-ratio P     share of requests failing in a partial outage [0.3; 0..=1]
   --quick            every scenario (unless --scenario is given), briefly: the CI smoke test
   --json             print every row as one JSON array instead of tables
   --clients N        clients, each with a fixed request rate (65/s; 2.6/s in fleet)
                      [8; fleet 200; 1..=1000]
+  --rate R           requests per second per client outside an overload's window
+                     [65; fleet 2.6]; 80 with 8 clients is 80% of the capacity
   --outage-secs S    length of the bad window in seconds [5, 0.8 with --quick; 0.1..=30]
   --strategy LIST    the rows to run, comma-separated: none, naive, unlimited, tower,
-                     stormguard [all of them]
+                     stormguard, acc-vegas, acc-gradient2, adaptive-aimd, adaptive-vegas
+                     [the first five; all nine in brownout and overload]
   --seed N           seed for the retry jitter and the partial outage's failures [1]
   --svg PATH         where to write the outage chart [target/storm.svg]
   --series           also print each row's attempts and successes per 100 ms (stderr)
@@ -167,7 +188,7 @@ async fn run(options: &Options) -> Result<(), BoxError> {
             println!("{}\n", scenario.describe());
         }
         let mut reports = Vec::new();
-        for &kind in &options.kinds {
+        for &kind in &scenario.kinds {
             eprintln!("running {} / {} ...", scenario.name, kind.name());
             let report = run_strategy(kind, &scenario).await?;
             if options.series {

@@ -35,6 +35,15 @@ pub(crate) struct Report {
     pub(crate) p99_ms: f64,
     /// From the end of the window until requests succeed again; `None` if they never did.
     pub(crate) recovery_s: Option<f64>,
+    /// 200s the clients got while the window lasted, per second.
+    pub(crate) goodput: f64,
+    /// 200s the server's workers served while the window lasted, per second.
+    pub(crate) served_rate: f64,
+    /// The p99 latency of the requests started 1 s or more into the window.
+    pub(crate) late_p99_ms: f64,
+    /// Requests shed while the server was healthy (outside the window), and in it.
+    pub(crate) shed_outside: usize,
+    pub(crate) shed_window: usize,
     /// Attempts at the server per bucket, for the chart and `--series`.
     pub(crate) attempts_per_bucket: Vec<u64>,
     /// (requests started, of which succeeded) per bucket of start time, for `--series`.
@@ -82,6 +91,22 @@ impl Report {
             .max()
             .unwrap_or(0);
         let attempts = dependency.total_attempts();
+        let window_secs = (phases.window_end - phases.window_start).as_secs_f64();
+        let got_in_window = outcomes
+            .iter()
+            .filter(|o| {
+                o.ok && (phases.window_start..phases.window_end).contains(&(o.started + o.latency))
+            })
+            .count();
+        let served = dependency.served_between(phases.window_start, phases.window_end);
+        let mut late: Vec<Duration> = window
+            .iter()
+            .filter(|o| o.started >= phases.window_start + Duration::from_secs(1))
+            .map(|o| o.latency)
+            .collect();
+        late.sort_unstable();
+        let shed_window = window.iter().filter(|o| o.shed).count();
+        let shed_outside = outcomes.iter().filter(|o| o.shed).count() - shed_window;
         let mut latencies: Vec<Duration> = outcomes.iter().map(|o| o.latency).collect();
         latencies.sort_unstable();
         let attempts_per_bucket = dependency.buckets(Duration::ZERO, Duration::MAX);
@@ -108,6 +133,11 @@ impl Report {
             p50_ms: percentile_ms(&latencies, 0.50),
             p99_ms: percentile_ms(&latencies, 0.99),
             recovery_s: recovery(&after, phases),
+            goodput: ratio(got_in_window as f64, window_secs),
+            served_rate: ratio(served as f64, window_secs),
+            late_p99_ms: percentile_ms(&late, 0.99),
+            shed_outside,
+            shed_window,
             attempts_per_bucket,
             requests_per_bucket,
             counters,
@@ -208,8 +238,11 @@ pub(crate) fn recovery(after: &[Outcome], phases: Phases) -> Option<f64> {
 }
 
 pub(crate) fn print_table(reports: &[Report]) {
+    // The capacity this run measured: the server's throughput in the window with its
+    // workers always busy, the most any row got out of it.
+    let capacity = reports.iter().map(|r| r.served_rate).fold(0.0, f64::max);
     println!(
-        "{:<10} {:<10} {:>7} {:>8} {:>7} {:>9} {:>8} {:>7} {:>7} {:>8} {:>9} {:>7} {:>7} {:>8}",
+        "{:<10} {:<14} {:>7} {:>8} {:>7} {:>9} {:>8} {:>7} {:>7} {:>8} {:>9} {:>7} {:>7} {:>8} {:>8} {:>8} {:>8} {:>8}",
         "scenario",
         "strategy",
         "offered",
@@ -223,14 +256,18 @@ pub(crate) fn print_table(reports: &[Report]) {
         "ok 1st s",
         "p50 ms",
         "p99 ms",
-        "recovery"
+        "recovery",
+        "goodput",
+        "late p99",
+        "shed out",
+        "shed win"
     );
     for r in reports {
         let recovery = r
             .recovery_s
             .map_or_else(|| "never".to_owned(), |s| format!("{s:.2} s"));
         println!(
-            "{:<10} {:<10} {:>7} {:>8} {:>7.2} {:>9.2} {:>8.2} {:>6.1}% {:>6.1}% {:>7.1}% {:>8.1}% {:>7.1} {:>7.1} {:>8}",
+            "{:<10} {:<14} {:>7} {:>8} {:>7.2} {:>9.2} {:>8.2} {:>6.1}% {:>6.1}% {:>7.1}% {:>8.1}% {:>7.1} {:>7.1} {:>8} {:>7.1}% {:>8.1} {:>8} {:>8}",
             r.scenario,
             r.strategy,
             r.offered,
@@ -245,8 +282,13 @@ pub(crate) fn print_table(reports: &[Report]) {
             r.p50_ms,
             r.p99_ms,
             recovery,
+            100.0 * ratio(r.goodput, capacity),
+            r.late_p99_ms,
+            r.shed_outside,
+            r.shed_window,
         );
     }
+    println!("capacity measured in the window: {capacity:.0} served/s (goodput is a share of it)");
 }
 
 pub(crate) fn to_json(reports: &[Report]) -> serde_json::Value {
@@ -269,6 +311,11 @@ pub(crate) fn to_json(reports: &[Report]) -> serde_json::Value {
                 "p50_ms": round(r.p50_ms),
                 "p99_ms": round(r.p99_ms),
                 "recovery_s": r.recovery_s.map(round),
+                "goodput_per_s": round(r.goodput),
+                "served_per_s": round(r.served_rate),
+                "late_p99_ms": round(r.late_p99_ms),
+                "shed_outside": r.shed_outside,
+                "shed_window": r.shed_window,
             })
         })
         .collect()

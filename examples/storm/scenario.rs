@@ -4,7 +4,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::strategy::Kind;
-use crate::{BLIPS, BLIP_EVERY, BLIP_LENGTH, BROWNOUT_SLOWDOWN, PARTIAL_LONG_SECS};
+use crate::{
+    ATTEMPT_TIMEOUT, BLIPS, BLIP_EVERY, BLIP_LENGTH, BROWNOUT_SLOWDOWN, OVERLOAD, PARTIAL_LONG_SECS,
+};
 
 /// Which scenarios `--scenario` asked for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -12,6 +14,7 @@ pub(crate) enum Selection {
     Outage,
     Partial,
     Brownout,
+    Overload,
     Fleet,
     Blip,
     FleetPartial,
@@ -31,8 +34,11 @@ pub(crate) struct Options {
     pub(crate) seed: u64,
     pub(crate) svg: PathBuf,
     pub(crate) series: bool,
-    /// The rows to run (`--strategy`), in the order of [`Kind::ALL`].
-    pub(crate) kinds: Vec<Kind>,
+    /// The rows `--strategy` asked for, in the order of [`Kind::ALL`]; else each
+    /// scenario's own ([`Scenario::kinds`]).
+    pub(crate) kinds: Option<Vec<Kind>>,
+    /// `--rate`: requests per second per client.
+    pub(crate) rate: Option<f64>,
 }
 
 impl Options {
@@ -49,7 +55,8 @@ impl Options {
             seed: 1,
             svg: PathBuf::from("target/storm.svg"),
             series: false,
-            kinds: Kind::ALL.to_vec(),
+            kinds: None,
+            rate: None,
         };
         let mut args = args;
         while let Some(flag) = args.next() {
@@ -60,6 +67,7 @@ impl Options {
                         "outage" => Selection::Outage,
                         "partial" => Selection::Partial,
                         "brownout" => Selection::Brownout,
+                        "overload" => Selection::Overload,
                         "fleet" => Selection::Fleet,
                         "blip" => Selection::Blip,
                         "fleet-partial" => Selection::FleetPartial,
@@ -68,7 +76,8 @@ impl Options {
                         other => {
                             return Err(format!(
                                 "--scenario: `{other}` is not one of outage, partial, \
-                                 brownout, fleet, blip, fleet-partial, partial30-long, all"
+                                 brownout, overload, fleet, blip, fleet-partial, \
+                                 partial30-long, all"
                             ))
                         }
                     });
@@ -90,7 +99,10 @@ impl Options {
                         0.1..=30.0,
                     )?);
                 }
-                "--strategy" => options.kinds = parse_kinds(&value("--strategy")?)?,
+                "--strategy" => options.kinds = Some(parse_kinds(&value("--strategy")?)?),
+                "--rate" => {
+                    options.rate = Some(parse_in("--rate", &value("--rate")?, 0.1..=10_000.0)?);
+                }
                 "--seed" => options.seed = parse_in("--seed", &value("--seed")?, 0..=u64::MAX)?,
                 "--svg" => options.svg = PathBuf::from(value("--svg")?),
                 "-h" | "--help" => return Ok(None),
@@ -116,6 +128,7 @@ impl Options {
             Selection::Outage => vec![outage()],
             Selection::Partial => vec![self.scenario(partial(self.fail_ratio), false, None)],
             Selection::Brownout => vec![self.scenario(Fault::Brownout, false, None)],
+            Selection::Overload => vec![self.scenario(Fault::Overload, false, None)],
             Selection::Fleet => vec![self.scenario(Fault::Outage, true, None)],
             Selection::Blip => vec![self.blips()],
             Selection::FleetPartial => vec![fleet_partial()],
@@ -127,6 +140,7 @@ impl Options {
                 self.scenario(partial(0.6), false, None),
                 partial_long(),
                 self.scenario(Fault::Brownout, false, None),
+                self.scenario(Fault::Overload, false, None),
                 self.scenario(Fault::Outage, true, None),
                 fleet_partial(),
             ],
@@ -159,10 +173,12 @@ impl Options {
             }
             (Fault::Partial(ratio), false) => format!("partial{:.0}", ratio * 100.0),
             (Fault::Brownout, false) => "brownout".to_owned(),
+            (Fault::Overload, false) => "overload".to_owned(),
             (Fault::Blip, false) => "blip".to_owned(),
         };
         // 520 requests/s offered by default either way: 8 x 65 or 200 x 2.6.
         let (default_clients, rate_per_client) = if own_state { (200, 2.6) } else { (8, 65.0) };
+        let rate_per_client = self.rate.unwrap_or(rate_per_client);
         let (phases, request_deadline) = if self.quick {
             let window = match fault {
                 Fault::Blip => BLIP_EVERY.as_secs_f64(),
@@ -173,8 +189,17 @@ impl Options {
             let window = window_secs.or(self.window_secs).unwrap_or(5.0);
             (Phases::new(3.0, window, 5.0), Duration::from_secs(2))
         };
+        let kinds = self.kinds.clone().unwrap_or_else(|| {
+            Kind::ALL
+                .into_iter()
+                .filter(|kind| {
+                    !kind.is_peer() || matches!(fault, Fault::Brownout | Fault::Overload)
+                })
+                .collect()
+        });
         Scenario {
             name,
+            kinds,
             fault,
             own_state,
             clients: self.clients.unwrap_or(default_clients),
@@ -183,7 +208,7 @@ impl Options {
             workers: 8,
             service_time: Duration::from_millis(10),
             queue: 160,
-            attempt_timeout: Duration::from_millis(100),
+            attempt_timeout: ATTEMPT_TIMEOUT,
             request_deadline,
             seed: self.seed,
         }
@@ -223,12 +248,16 @@ pub(crate) enum Fault {
     /// Every request gets a 503 at once during the first [`BLIP_LENGTH`] of every
     /// [`BLIP_EVERY`] of the window.
     Blip,
+    /// The clients offer [`OVERLOAD`] times the server's capacity in the window.
+    Overload,
 }
 
 /// Everything one scenario depends on.
 #[derive(Debug, Clone)]
 pub(crate) struct Scenario {
     pub(crate) name: String,
+    /// The rows to run.
+    pub(crate) kinds: Vec<Kind>,
     pub(crate) fault: Fault,
     /// Each client builds its own policy, budget and breaker (else one per strategy).
     pub(crate) own_state: bool,
@@ -254,6 +283,16 @@ impl Scenario {
         self.rate_per_client * f64::from(self.clients)
     }
 
+    /// Each client's rate at `at` from the start: [`OVERLOAD`] times the capacity
+    /// shared by the clients in an overload's window, else `rate_per_client`.
+    pub(crate) fn rate_at(&self, at: Duration) -> f64 {
+        if self.fault == Fault::Overload && self.phases.in_window(at) {
+            OVERLOAD * self.capacity() / f64::from(self.clients)
+        } else {
+            self.rate_per_client
+        }
+    }
+
     pub(crate) fn capacity(&self) -> f64 {
         self.workers as f64 / self.service_time.as_secs_f64()
     }
@@ -271,6 +310,10 @@ impl Scenario {
                  started in a blip",
                 BLIP_LENGTH.as_millis(),
                 BLIP_EVERY.as_secs()
+            ),
+            Fault::Overload => format!(
+                "{OVERLOAD}x the capacity offered, {:.0} req/s",
+                OVERLOAD * self.capacity()
             ),
         };
         let state = if self.own_state {
@@ -348,7 +391,8 @@ fn parse_kinds(list: &str) -> Result<Vec<Kind>, String> {
             .find(|kind| kind.name() == name)
             .ok_or_else(|| {
                 format!(
-                    "--strategy: `{name}` is not one of none, naive, unlimited, tower, stormguard"
+                    "--strategy: `{name}` is not one of {}",
+                    Kind::ALL.map(Kind::name).join(", ")
                 )
             })?;
         named.push(kind);

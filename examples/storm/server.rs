@@ -33,6 +33,8 @@ pub(crate) struct Dependency {
     pub(crate) workers: Semaphore,
     /// Attempts that reached the server, per [`BUCKET`] since `start`.
     pub(crate) attempts: Vec<AtomicU64>,
+    /// Requests the workers served (a 200), per [`BUCKET`] of their completion.
+    pub(crate) served: Vec<AtomicU64>,
     /// The partial outage's random draws: a counter through a mixing function.
     pub(crate) draws: AtomicU64,
     pub(crate) seed: u64,
@@ -52,6 +54,7 @@ impl Dependency {
             max_admitted: scenario.workers + scenario.queue,
             workers: Semaphore::new(scenario.workers),
             attempts: (0..buckets).map(|_| AtomicU64::new(0)).collect(),
+            served: (0..buckets).map(|_| AtomicU64::new(0)).collect(),
             draws: AtomicU64::new(0),
             seed: scenario.seed,
         }
@@ -79,7 +82,7 @@ impl Dependency {
                 Fault::Partial(ratio) if self.draw() < ratio => {
                     return StatusCode::SERVICE_UNAVAILABLE
                 }
-                Fault::Partial(_) | Fault::Brownout => {}
+                Fault::Partial(_) | Fault::Brownout | Fault::Overload => {}
             }
         }
         if self.admitted.fetch_add(1, Ordering::AcqRel) >= self.max_admitted {
@@ -99,6 +102,11 @@ impl Dependency {
                         self.service_time
                     };
                     tokio::time::sleep(work).await;
+                    let done = self.start.elapsed().as_millis() / BUCKET.as_millis();
+                    let bucket = usize::try_from(done).unwrap_or(usize::MAX);
+                    if let Some(count) = self.served.get(bucket).or(self.served.last()) {
+                        count.fetch_add(1, Ordering::Relaxed);
+                    }
                     true
                 }
                 // Closed at the end of the run: drop the queued work.
@@ -130,6 +138,19 @@ impl Dependency {
             .skip(first)
             .map(|n| n.load(Ordering::Relaxed))
             .collect()
+    }
+
+    /// Requests served in the buckets that start in `[from, to)`.
+    pub(crate) fn served_between(&self, from: Duration, to: Duration) -> u64 {
+        let index = |at: Duration| {
+            usize::try_from(at.as_millis() / BUCKET.as_millis()).unwrap_or(usize::MAX)
+        };
+        self.served
+            .iter()
+            .take(index(to))
+            .skip(index(from))
+            .map(|n| n.load(Ordering::Relaxed))
+            .sum()
     }
 
     pub(crate) fn total_attempts(&self) -> u64 {

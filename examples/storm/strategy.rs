@@ -2,7 +2,7 @@
 
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{BuildHasher, Hasher};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -10,8 +10,7 @@ use http::{Request, Response};
 use http_body_util::BodyExt;
 use stormguard::breaker::ResponseBody;
 use stormguard::{
-    Backoff, BoxError, CircuitBreaker, CircuitBreakerLayer, Jitter, RetryBudget, RetryLayer,
-    RetryPolicy,
+    Backoff, BoxError, CircuitBreaker, Jitter, RetryBudget, RetryLayer, RetryPolicy, StandardStack,
 };
 use tokio::time::Sleep;
 use tower::retry::backoff::{
@@ -26,7 +25,7 @@ use tower::ServiceBuilder;
 
 use crate::scenario::Scenario;
 use crate::server::splitmix64;
-use crate::{HttpClient, Req, Res, Stack};
+use crate::{HttpClient, Req, Res, Stack, ATTEMPT_TIMEOUT};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kind {
@@ -35,15 +34,23 @@ pub(crate) enum Kind {
     Unlimited,
     Tower,
     Stormguard,
+    AccVegas,
+    AccGradient2,
+    AdaptiveAimd,
+    AdaptiveVegas,
 }
 
 impl Kind {
-    pub(crate) const ALL: [Kind; 5] = [
+    pub(crate) const ALL: [Kind; 9] = [
         Kind::None,
         Kind::Naive,
         Kind::Unlimited,
         Kind::Tower,
         Kind::Stormguard,
+        Kind::AccVegas,
+        Kind::AccGradient2,
+        Kind::AdaptiveAimd,
+        Kind::AdaptiveVegas,
     ];
 
     pub(crate) fn name(self) -> &'static str {
@@ -53,7 +60,19 @@ impl Kind {
             Kind::Unlimited => "unlimited",
             Kind::Tower => "tower",
             Kind::Stormguard => "stormguard",
+            Kind::AccVegas => "acc-vegas",
+            Kind::AccGradient2 => "acc-gradient2",
+            Kind::AdaptiveAimd => "adaptive-aimd",
+            Kind::AdaptiveVegas => "adaptive-vegas",
         }
+    }
+
+    /// A peer's adaptive limiter, run only where load is the question.
+    pub(crate) fn is_peer(self) -> bool {
+        matches!(
+            self,
+            Kind::AccVegas | Kind::AccGradient2 | Kind::AdaptiveAimd | Kind::AdaptiveVegas
+        )
     }
 }
 
@@ -70,8 +89,15 @@ pub(crate) enum Strategy {
         policy: RetryPolicy,
     },
     Stormguard {
-        policy: RetryPolicy,
-        breaker: CircuitBreaker,
+        stack: StandardStack,
+    },
+    /// A peer's limiter under tower's retry: the limiter is built over the first
+    /// client's service and shared (cloned) by every client.
+    Peer {
+        kind: Kind,
+        budget: Arc<TpsBudget>,
+        backoff: ExponentialBackoffMaker<HasherRng<SeededHasher>>,
+        limited: Mutex<Option<Stack>>,
     },
 }
 
@@ -109,10 +135,25 @@ impl Strategy {
                     .seed(seed)
                     .build()?,
             },
-            // The library's defaults: only the seed is set, for reproducible jitter.
+            // The standard stack with the library's defaults: only the seeds are set,
+            // for reproducible jitter, and the storm's attempt timeout.
             Kind::Stormguard => Strategy::Stormguard {
-                policy: RetryPolicy::builder().seed(seed).build()?,
-                breaker: CircuitBreaker::builder().seed(seed).build()?,
+                stack: StandardStack::builder("storm")
+                    .retry(RetryPolicy::builder().seed(seed).build()?)
+                    .breaker(CircuitBreaker::builder().seed(seed).build()?)
+                    .attempt_timeout(ATTEMPT_TIMEOUT)
+                    .build()?,
+            },
+            kind => Strategy::Peer {
+                kind,
+                budget: Arc::new(TpsBudget::new(Duration::from_secs(10), 10, 0.2)),
+                backoff: ExponentialBackoffMaker::new(
+                    Duration::from_millis(100),
+                    Duration::from_secs(2),
+                    0.99,
+                    HasherRng::with_hasher(SeededHasher(seed)),
+                )?,
+                limited: Mutex::new(None),
             },
         })
     }
@@ -146,29 +187,42 @@ impl Strategy {
                     .layer(timeout)
                     .service(http),
             ),
-            Strategy::Stormguard { policy, breaker } => BoxCloneService::new(
+            Strategy::Stormguard { stack } => BoxCloneService::new(
                 ServiceBuilder::new()
                     // The breaker's body (the bytes here, already read) unwrapped.
                     .map_response(|r: Response<ResponseBody<Bytes>>| {
                         r.map(ResponseBody::into_inner)
                     })
-                    .layer(RetryLayer::new(policy.clone()))
-                    .layer(CircuitBreakerLayer::new(breaker.clone()))
-                    .layer(timeout)
-                    .service(http),
+                    .service(stack.http(http)),
             ),
+            Strategy::Peer {
+                kind,
+                budget,
+                backoff,
+                limited,
+            } => {
+                let mut shared = limited.lock().unwrap_or_else(|e| e.into_inner());
+                let limited = shared
+                    .get_or_insert_with(|| peer_limiter(*kind, http, timeout))
+                    .clone();
+                BoxCloneService::new(Retry::new(
+                    TowerPolicy::new(3, budget.clone(), backoff.clone().make_backoff()),
+                    limited,
+                ))
+            }
         }
     }
 
     /// stormguard's counters, summed into `into`.
     pub(crate) fn add_counters(&self, into: &mut Counters) {
-        if let Strategy::Stormguard { policy, breaker } = self {
-            let retry = policy.stats();
-            let breaker = breaker.stats();
+        if let Strategy::Stormguard { stack } = self {
+            let retry = stack.retry().stats();
+            let breaker = stack.breaker().stats();
             into.retries += retry.retries;
             into.budget_denied += retry.budget_denied;
             into.rejected += breaker.rejected;
             into.transitions += breaker.transitions;
+            into.shed += stack.load().stats().shed;
         }
     }
 }
@@ -180,6 +234,58 @@ pub(crate) struct Counters {
     pub(crate) budget_denied: u64,
     pub(crate) rejected: u64,
     pub(crate) transitions: u64,
+    pub(crate) shed: u64,
+}
+
+/// A peer's limiter, with its crate's defaults, over the per-attempt timeout.
+fn peer_limiter<S>(kind: Kind, http: S, timeout: TimeoutLayer) -> Stack
+where
+    S: tower::Service<Req, Response = Res, Error = BoxError> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+{
+    let timed = ServiceBuilder::new().layer(timeout).service(http);
+    match kind {
+        Kind::AccVegas => BoxCloneService::new(tower_acc::ConcurrencyLimit::new(
+            timed,
+            tower_acc::Vegas::default(),
+        )),
+        Kind::AccGradient2 => BoxCloneService::new(tower_acc::ConcurrencyLimit::new(
+            timed,
+            tower_acc::Gradient2::default(),
+        )),
+        Kind::AdaptiveAimd => adaptive(timed, tower_resilience_adaptive::Aimd::builder().build()),
+        Kind::AdaptiveVegas => adaptive(timed, tower_resilience_adaptive::Vegas::builder().build()),
+        _ => BoxCloneService::new(timed),
+    }
+}
+
+/// `tower-resilience-adaptive`'s limiter with `algorithm` (its builder's defaults).
+fn adaptive<S, A, E>(timed: S, algorithm: Result<A, E>) -> Stack
+where
+    S: tower::Service<Req, Response = Res, Error = BoxError> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    A: tower_resilience_adaptive::ConcurrencyAlgorithm + Send + Sync + 'static,
+    E: std::fmt::Debug,
+{
+    match algorithm {
+        Ok(algorithm) => BoxCloneService::new(
+            ServiceBuilder::new()
+                .map_err(
+                    |err: tower_resilience_adaptive::AdaptiveError<BoxError>| match err {
+                        tower_resilience_adaptive::AdaptiveError::Service(err) => err,
+                        limit @ tower_resilience_adaptive::AdaptiveError::LimitReached => {
+                            BoxError::from(limit.to_string())
+                        }
+                    },
+                )
+                .service(tower_resilience_adaptive::AdaptiveService::new(
+                    timed,
+                    Arc::new(algorithm),
+                )),
+        ),
+        // The defaults are valid; were they not, the row would run unlimited.
+        Err(_) => BoxCloneService::new(timed),
+    }
 }
 
 /// The seed of client `index`'s own state in `fleet`: distinct per client, so that 200
