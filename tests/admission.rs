@@ -351,9 +351,11 @@ async fn a_burst_told_to_wait_waits_and_is_not_refused() {
         assert_eq!(response.status(), StatusCode::OK);
         assert_eq!(Attempts::of(&response), 2);
     }
-    // Every retry waited out the header (and up to 10% more), none was refused.
+    // Every retry waited out the header (and up to 10% more), spread over up to one
+    // more (a 429 is throttling: sent back all at once, the burst would meet the limit
+    // again), none was refused.
     let waited = t0.elapsed();
-    assert!(waited >= Duration::from_secs(1) && waited < Duration::from_millis(1_200));
+    assert!(waited >= Duration::from_secs(1) && waited <= Duration::from_millis(2_200));
     assert_eq!(policy.stats().budget_denied, 0);
 }
 

@@ -63,6 +63,7 @@ fn machine_waits(max_attempts: u32) -> (Vec<Duration>, Decision) {
             &mut env,
             &request,
             Attempt::Answered {
+                throttled: false,
                 class: Class::Retryable { after: None },
                 any_method: false,
             },

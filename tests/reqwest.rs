@@ -94,9 +94,10 @@ async fn a_503_then_200_is_served_on_the_second_attempt() {
 
 #[tokio::test(start_paused = true)]
 async fn retry_after_is_waited_out() {
+    // A 503's (a 429's is spread over up to one more: tests/throttling.rs).
     let (url, calls) = serve(|n| {
         if n == 0 {
-            (429, Some("2"), NOW)
+            (503, Some("2"), NOW)
         } else {
             (200, None, NOW)
         }

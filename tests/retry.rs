@@ -179,7 +179,8 @@ async fn success_after_a_retry_reports_two_attempts() {
 #[tokio::test(start_paused = true)]
 async fn retry_after_is_waited_for_at_least() {
     let (call, mut upstream) = start(policy().build().expect("policy"), get());
-    answer_now(&mut upstream, with_header(429, "retry-after", "2")).await;
+    // A 503's hint (a 429's is spread over up to one more: tests/throttling.rs).
+    answer_now(&mut upstream, with_header(503, "retry-after", "2")).await;
     let sent = Instant::now();
     advance(1999 * MS).await;
     assert_nothing_sent(&mut upstream).await;

@@ -233,6 +233,7 @@ impl RetryPolicyBuilder {
                 ),
                 budget,
                 throttle: self.throttle,
+                pace: stormguard_core::retry::ThrottlePace::new(),
                 rules: self.rules,
                 methods: self.methods,
                 timeouts: self.timeouts,

@@ -220,6 +220,9 @@ where
                 // What the policy's own fast path records, for attempt 1.
                 let shared = &self.core.policy.shared;
                 shared.record_outcome(Class::Success, true);
+                shared
+                    .pace
+                    .accepted_with(|| tokio::time::Instant::now().into_std());
                 shared.call_ended(1);
                 return Some(result);
             }

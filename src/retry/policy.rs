@@ -4,6 +4,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
+use stormguard_core::limit::Load;
 
 use http::{HeaderValue, Request, Response};
 use stormguard_core::classify::{GrpcCodeSet, Rules, GRPC_PREVIOUS_RPC_ATTEMPTS, X_ATTEMPT_COUNT};
@@ -277,6 +278,7 @@ where
             let attempts = self
                 .retry
                 .served(now, Some(&shared.budget), shared.throttle.as_ref());
+            shared.pace.accepted(now);
             return self.finish(result, attempts, None);
         }
         let unprocessed = std::mem::take(&mut self.unprocessed);
@@ -285,28 +287,30 @@ where
         let limits = self.limits(req, grpc);
         // Read from the request as first sent, before any header of it is rewritten.
         self.read_deadline(req);
-        let attempt =
-            match result {
-                Ok(res) if grpc => {
-                    let rules = Rules {
-                        retryable_grpc_codes: limits.retryable_grpc_codes,
-                        ..self.shared.rules
-                    };
-                    Attempt::Answered {
-                        class: rules.classify_grpc_response(res.status(), res.headers()),
-                        // gRFC A6 leaves the judgement to the configured codes.
-                        any_method: true,
-                    }
+        let attempt = match result {
+            Ok(res) if grpc => {
+                let rules = Rules {
+                    retryable_grpc_codes: limits.retryable_grpc_codes,
+                    ..self.shared.rules
+                };
+                Attempt::Answered {
+                    throttled: Load::of_response(res.status(), res.headers()) == Load::Overloaded,
+                    class: rules.classify_grpc_response(res.status(), res.headers()),
+                    // gRFC A6 leaves the judgement to the configured codes.
+                    any_method: true,
                 }
-                Ok(res) => Attempt::Answered {
-                    class: (self.shared.rules).classify_with(
-                        res.status(),
-                        res.headers(),
-                        SystemTime::now,
-                    ),
-                    any_method: false,
-                },
-                Err(err) => match proved(classify_error(err), unprocessed, req) {
+            }
+            Ok(res) => Attempt::Answered {
+                throttled: Load::of_response(res.status(), res.headers()) == Load::Overloaded,
+                class: (self.shared.rules).classify_with(
+                    res.status(),
+                    res.headers(),
+                    SystemTime::now,
+                ),
+                any_method: false,
+            },
+            Err(err) => {
+                match proved(classify_error(err), unprocessed, req) {
                     ErrorClass::Unprocessed => Attempt::Unprocessed,
                     ErrorClass::NotSent => Attempt::NotSent,
                     ErrorClass::MaybeProcessed | ErrorClass::Drained => Attempt::MaybeProcessed {
@@ -322,8 +326,9 @@ where
                     ),
                     ErrorClass::Shed => Attempt::Shed,
                     ErrorClass::Local | ErrorClass::Unknown => Attempt::Permanent,
-                },
-            };
+                }
+            }
+        };
         let request = retry::Request {
             max_attempts: limits.max_attempts,
             backoff: limits.backoff,
@@ -344,6 +349,7 @@ where
             now,
             budget: Some(&shared.budget),
             throttle: shared.throttle.as_ref(),
+            pace: Some(&shared.pace),
             max_retry_after: shared.max_retry_after,
             deadline: self.deadline(),
             seed: Some(&mut seed),

@@ -71,6 +71,8 @@ pub(super) struct Shared {
     pub(super) backoff: Backoff,
     pub(super) budget: RetryBudget,
     pub(super) throttle: Option<RetryThrottle>,
+    /// The pace of the dependency's throttled retries (429, `RESOURCE_EXHAUSTED`).
+    pub(super) pace: stormguard_core::retry::ThrottlePace,
     pub(super) rules: Rules,
     /// Per-method limits of a gRPC service config, looked up by `:path` on failure
     /// (`None`: the method has no retry policy).

@@ -665,6 +665,7 @@ impl Fleet {
             let attempt = match status {
                 None => retry::Attempt::MaybeProcessed { timed_out: true },
                 Some(_) => retry::Attempt::Answered {
+                    throttled: false,
                     class,
                     any_method: false,
                 },
@@ -730,6 +731,7 @@ impl Fleet {
             now: state.instant(self.now),
             budget,
             throttle: None,
+            pace: None,
             max_retry_after: Duration::from_secs(20),
             deadline: None,
             seed: Some(&mut seed),

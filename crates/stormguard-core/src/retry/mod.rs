@@ -27,12 +27,14 @@
 //! let mut env = Env::new(now, &budget);
 //! // A 503: retried after a backoff, on the budget's allowance.
 //! let decided = retry.decide(&mut env, &request, Attempt::Answered {
+//!     throttled: false,
 //!     class: Class::Retryable { after: None },
 //!     any_method: false,
 //! });
 //! assert!(matches!(decided.decision, Decision::Retry { attempts: 1, .. }));
 //! // Then a success: handed back, after two attempts.
 //! let decided = retry.decide(&mut env, &request, Attempt::Answered {
+//!     throttled: false,
 //!     class: Class::Success,
 //!     any_method: false,
 //! });
@@ -41,6 +43,7 @@
 //! ```
 
 mod give_up;
+mod throttled;
 
 use std::time::{Duration, Instant};
 
@@ -54,6 +57,7 @@ use crate::throttle::RetryThrottle;
 use crate::{Backoff, Class, RetryBudget, Schedule};
 
 pub use give_up::GiveUp;
+pub use throttled::{ThrottlePace, ARMED_FOR, KNOWN, THROTTLE_BASE};
 
 /// What is known of one call of a request, as its driver classified it.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -61,6 +65,9 @@ pub enum Attempt {
     /// The server answered. `any_method`: the answer says the request may be sent again
     /// whatever its method (a gRPC code the configuration calls retryable, gRFC A6).
     Answered {
+        /// Whether the answer was a rate limiter's (429, `RESOURCE_EXHAUSTED`): its
+        /// retry waits from [`THROTTLE_BASE`] and for a slot of the [`ThrottlePace`].
+        throttled: bool,
         /// The answer, classified.
         class: Class,
         /// Whether a retryable answer allows a retry whatever the request's method.
@@ -147,6 +154,9 @@ pub struct Env<'a> {
     pub budget: Option<&'a RetryBudget>,
     /// gRPC's retry throttle, when the service config has one.
     pub throttle: Option<&'a RetryThrottle>,
+    /// The pace of the dependency's throttled retries (`None`: each waits its own
+    /// `Retry-After` or [`THROTTLE_BASE`] alone).
+    pub pace: Option<&'a ThrottlePace>,
     /// The longest server hint waited for; a longer one gives up.
     pub max_retry_after: Duration,
     /// When the caller stops waiting, if it does.
@@ -164,6 +174,7 @@ impl<'a> Env<'a> {
             now,
             budget: Some(budget),
             throttle: None,
+            pace: None,
             max_retry_after: Duration::from_secs(20),
             deadline: None,
             seed: None,
@@ -290,7 +301,9 @@ impl RequestRetry {
     /// Decides on the outcome of the request's last call.
     pub fn decide(&mut self, env: &mut Env<'_>, req: &Request, attempt: Attempt) -> Decided {
         let (class, any_method, expensive, after_break) = match attempt {
-            Attempt::Answered { class, any_method } => (class, any_method, false, None),
+            Attempt::Answered {
+                class, any_method, ..
+            } => (class, any_method, false, None),
             Attempt::Unprocessed if !self.transparent => {
                 return self.transparently(env, req);
             }
@@ -314,6 +327,16 @@ impl RequestRetry {
         };
         self.attempts += 1;
         let counted = Some(class);
+        if let (
+            Some(pace),
+            Attempt::Answered {
+                throttled: false, ..
+            },
+        ) = (env.pace, attempt)
+        {
+            // An answer past the server's rate limiter: the rate it accepts.
+            pace.accepted(env.now);
+        }
         if let (Some(throttle), Attempt::Answered { .. }) = (env.throttle, attempt) {
             // gRFC A6: every answer of the server moves the throttle's token count (a
             // transport error is not the server's answer, and does not).
@@ -337,6 +360,13 @@ impl RequestRetry {
             Err(why) => return self.done(env, attempts, Some(why), counted),
         };
         let backoff = req.backoff;
+        let throttled = matches!(
+            attempt,
+            Attempt::Answered {
+                throttled: true,
+                ..
+            }
+        );
         let delay = match (after_break, after) {
             (Some(wait), _) => wait,
             (None, Some(exact)) if req.grpc => {
@@ -348,7 +378,28 @@ impl RequestRetry {
                 let delay = self.next_backoff(env, backoff);
                 delay.max(self.stretch(env, backoff, hint))
             }
+            (None, None) if throttled => {
+                // A throttling answer without a hint: from a longer base than a 5xx's,
+                // doubling, with up to as much again of jitter.
+                let base = THROTTLE_BASE.saturating_mul(1 << (attempts - 1).min(5));
+                let draw: f64 = self.streams(env, backoff).rng.random();
+                base + base.mul_f64(draw)
+            }
             (None, None) => self.next_backoff(env, backoff),
+        };
+        let delay = if throttled && after_break.is_none() {
+            // A throttled burst is not sent back at once: spread over one more of the
+            // server's wait (without one, the throttling backoff is spread already), and
+            // at the rate the server accepts once that is known.
+            let span = after.unwrap_or(Duration::ZERO);
+            let draw: f64 = self.streams(env, backoff).rng.random();
+            let earliest = delay.saturating_add(span.mul_f64(draw));
+            match env.pace {
+                Some(pace) => pace.slot(env.now, env.now + earliest) - env.now,
+                None => earliest,
+            }
+        } else {
+            delay
         };
         if let Err(why) = self.may_wait(env, delay) {
             return self.done(env, attempts, Some(why), counted);
@@ -778,6 +829,7 @@ mod tests {
         // A retry refused past the horizon fails at once too.
         let mut retry = RequestRetry::new();
         let failed = Attempt::Answered {
+            throttled: false,
             class: Class::Retryable { after: None },
             any_method: false,
         };
@@ -826,6 +878,7 @@ mod tests {
         };
         let mut retry = RequestRetry::new();
         let failed = Attempt::Answered {
+            throttled: false,
             class: Class::Retryable { after: None },
             any_method: false,
         };
