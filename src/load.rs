@@ -176,6 +176,12 @@ impl LoadControl {
         LoadControlBuilder::default()
     }
 
+    /// A load control named `name` with settings read elsewhere (a
+    /// [`Config`](crate::Config)'s `load_control` section).
+    pub fn with_config(name: &str, config: limit::LoadLimitConfig) -> Self {
+        LoadControl::new(limit::LoadLimit::with_config(config), name)
+    }
+
     fn new(limit: limit::LoadLimit, name: &str) -> Self {
         LoadControl {
             limit,

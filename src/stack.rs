@@ -248,8 +248,9 @@ impl StandardStack {
     }
 
     /// The dependency `name` of a [`Config`](crate::Config): its retry policy and
-    /// budget, its breaker, and the default timeouts. A dependency whose breaker the
-    /// file turns off gets one that never opens by itself (an operator can still
+    /// budget, its load control, its breaker, and the default timeouts. A dependency
+    /// whose load control the file turns off gets one that never limits; whose breaker
+    /// the file turns off, one that never opens by itself (an operator can still
     /// [`isolate`](CircuitBreaker::isolate) it). For other timeouts, start from
     /// [`builder`](Self::builder) and pass the parts.
     ///
@@ -264,8 +265,10 @@ impl StandardStack {
     pub fn from_config(config: &crate::Config, name: &str) -> Result<Self, ConfigError> {
         let dependency = config.dependency(name)?;
         let breaker = dependency.breaker_or_off()?;
+        let load = dependency.load_or_off()?;
         StandardStack::builder(name)
             .retry(dependency.retry)
+            .load_control(load)
             .breaker(breaker)
             .build()
     }

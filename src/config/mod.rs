@@ -148,6 +148,7 @@
 //! peak requests in flight: 303
 //! ```
 
+use crate::load::LoadControl;
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -189,9 +190,24 @@ pub struct Dependency {
     /// The hedge policy when the file has a `hedging` section or the service config a
     /// `hedgingPolicy`, sharing the budget.
     pub hedge: Option<HedgePolicy>,
+    /// The load control, named after the dependency; `None` when the file turns it off.
+    pub load: Option<LoadControl>,
 }
 
 impl Dependency {
+    /// The load control whatever the file says: [`load`](Self::load), or, when the file
+    /// turns it off, one that never limits (its limit fixed at `u32::MAX`).
+    pub fn load_or_off(&self) -> Result<LoadControl, ConfigError> {
+        match &self.load {
+            Some(load) => Ok(load.clone()),
+            None => LoadControl::builder()
+                .name(self.retry.name())
+                .min(u32::MAX)
+                .max(u32::MAX)
+                .build(),
+        }
+    }
+
     /// The circuit breaker whatever the file says: [`breaker`](Self::breaker), or, when
     /// the file turns it off, one that never opens (named after the dependency, its
     /// calls still counted in its stats and metrics). For a stack whose type must not
@@ -347,11 +363,16 @@ fn parts(name: &str, s: &DependencySettings) -> Result<Dependency, ConfigError> 
     } else {
         None
     };
+    let load = match &s.load_control {
+        Some(config) => Some(LoadControl::with_config(name, *config)),
+        None => None,
+    };
     Ok(Dependency {
         retry,
         budget,
         breaker,
         hedge,
+        load,
     })
 }
 

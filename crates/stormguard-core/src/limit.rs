@@ -276,13 +276,15 @@ impl LoadLimitConfig {
 #[must_use]
 pub struct LoadLimitBuilder {
     config: LoadLimitConfig,
+    /// The initial limit asked for; else the default, kept between `min` and `max`.
+    initial: Option<u32>,
 }
 
 impl LoadLimitBuilder {
-    /// The limit it starts at \[100\]: a new client is not held back before the
-    /// dependency has said anything.
+    /// The limit it starts at \[100, or `min` or `max` if 100 is outside them\]: a new
+    /// client is not held back before the dependency has said anything.
     pub fn initial(mut self, calls: u32) -> Self {
-        self.config.initial = calls;
+        self.initial = Some(calls);
         self
     }
 
@@ -314,7 +316,11 @@ impl LoadLimitBuilder {
 
     /// The settings, or what contradicts.
     pub fn config(self) -> Result<LoadLimitConfig, ConfigError> {
-        let c = self.config;
+        let mut c = self.config;
+        c.initial = match self.initial {
+            Some(initial) => initial,
+            None => DEFAULT_INITIAL.clamp(c.min, c.max.max(c.min)),
+        };
         if c.min == 0 {
             return Err(ConfigError::invalid("min", c.min, "at least 1"));
         }
@@ -799,6 +805,9 @@ mod tests {
             err(LoadLimit::builder().initial(2)),
             "invalid initial: 2 (allowed: between min and max, 4..=1000)"
         );
+        // Unasked, the initial limit keeps within the bounds.
+        let small = LoadLimit::builder().max(16).build().expect("valid");
+        assert_eq!(small.limit(), 16);
         assert_eq!(
             err(LoadLimit::builder().tolerance(1.0)),
             "invalid tolerance: 1.0 (allowed: above 1 and at most 10)"

@@ -38,6 +38,11 @@
 //! consecutive_failures = 50              # or false
 //! break_duration = "25ms"
 //!
+//! [dependencies.payments.load_control]  # on by default; enabled = false turns it off
+//! max = 64                               # never more calls in flight than this [1000]
+//! max_wait = "50ms"                      # wait for room, then shed [100ms]
+//! tolerance = 1.25                       # latency over its floor read as a queue [1.25]
+//!
 //! [dependencies.search.hedging]          # off unless the section is present
 //! max_attempts = 2
 //! percentile = 0.95                      # or delay = "30ms" for a fixed delay
@@ -69,6 +74,7 @@ pub use read::parse_duration;
 use crate::breaker::BreakerConfig;
 use crate::classify::{GrpcCodeSet, Rules, StatusSet};
 use crate::hedge::LatencyEstimatorBuilder;
+use crate::limit::{LoadLimit, LoadLimitConfig};
 use crate::throttle::{RetryThrottle, RetryThrottleBuilder};
 use crate::{Backoff, ConfigError, Jitter, RetryBudget, RetryBudgetBuilder};
 use read::Table;
@@ -105,6 +111,8 @@ pub struct DependencySettings {
     pub budget: RetryBudgetBuilder,
     /// The `breaker` section; `None` when it says `enabled = false`.
     pub breaker: Option<BreakerSettings>,
+    /// The `load_control` section; `None` when it says `enabled = false`.
+    pub load_control: Option<LoadLimitConfig>,
     /// The `hedging` section; `None` when there is none or it says `enabled = false`.
     pub hedging: Option<HedgeSettings>,
     /// The `retry_throttling` section (gRFC A6's `retryThrottling`), if any.
@@ -123,6 +131,7 @@ impl Default for DependencySettings {
             retry: RetrySettings::default(),
             budget: RetryBudget::builder(),
             breaker: Some(BreakerSettings::default()),
+            load_control: Some(LoadLimitConfig::default()),
             hedging: None,
             throttle: None,
             methods: None,
@@ -304,6 +313,9 @@ fn read_dependency(path: &str, value: &Value) -> Result<DependencySettings, Conf
     }
     if let Some(section) = t.table("breaker")? {
         dependency.breaker = read_breaker(section)?;
+    }
+    if let Some(section) = t.table("load_control")? {
+        dependency.load_control = read_load_control(section)?;
     }
     if let Some(section) = t.table("hedging")? {
         dependency.hedging = read_hedging(section)?;
@@ -494,6 +506,35 @@ fn read_breaker(mut t: Table<'_>) -> Result<Option<BreakerSettings>, ConfigError
     Ok(enabled.then_some(breaker))
 }
 
+fn read_load_control(mut t: Table<'_>) -> Result<Option<LoadLimitConfig>, ConfigError> {
+    let enabled = t.bool("enabled")?.unwrap_or(true);
+    let mut b = LoadLimit::builder();
+    if let Some(n) = t.u32_in("initial", 1, u32::MAX)? {
+        b = b.initial(n);
+    }
+    if let Some(n) = t.u32_in("min", 1, u32::MAX)? {
+        b = b.min(n);
+    }
+    if let Some(n) = t.u32_in("max", 1, u32::MAX)? {
+        b = b.max(n);
+    }
+    if let Some(r) = t.f64("tolerance")? {
+        b = b.tolerance(r);
+    }
+    if let Some(d) = t.duration("max_wait")? {
+        b = b.max_wait(d);
+    }
+    let keys = [
+        ("initial", "initial"),
+        ("min", "min"),
+        ("max", "max"),
+        ("tolerance", "tolerance"),
+    ];
+    let config = b.config().map_err(|e| locate(&t, e, &keys))?;
+    t.finish()?;
+    Ok(enabled.then_some(config))
+}
+
 fn read_hedging(mut t: Table<'_>) -> Result<Option<HedgeSettings>, ConfigError> {
     let enabled = t.bool("enabled")?.unwrap_or(true);
     let mut hedging = HedgeSettings::default();
@@ -673,6 +714,18 @@ mod tests {
             "dependencies.a.breaker.consecutive_failures: 0 is not in 1..=4294967295 (false turns the rule off)"
         );
         assert_eq!(
+            err("[dependencies.a.load_control]\ntolerance = 0.5"),
+            "dependencies.a.load_control.tolerance: 0.5 is not above 1 and at most 10"
+        );
+        assert_eq!(
+            err("[dependencies.a.load_control]\nmin = 8\nmax = 4"),
+            "dependencies.a.load_control.max: 4 is not at least min, 8"
+        );
+        assert_eq!(
+            err("[dependencies.a.load_control]\nmax_wait = \"soon\""),
+            "dependencies.a.load_control.max_wait: \"soon\" is not a duration such as \"200ms\", \"1.5s\" or \"2m\""
+        );
+        assert_eq!(
             err("[dependencies.a.hedging]\nmax_attempts = \"two\""),
             "dependencies.a.hedging.max_attempts: expected a whole number, found the string \"two\""
         );
@@ -682,7 +735,7 @@ mod tests {
         );
         assert_eq!(
             err("[dependencies.a]\nretries = 3"),
-            "dependencies.a.retries: unknown field (expected one of: breaker, budget, grpc_service_config, hedging, retry, retry_throttling)"
+            "dependencies.a.retries: unknown field (expected one of: breaker, budget, grpc_service_config, hedging, load_control, retry, retry_throttling)"
         );
         assert_eq!(
             err("[dependency.a]"),
