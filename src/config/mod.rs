@@ -363,10 +363,9 @@ fn parts(name: &str, s: &DependencySettings) -> Result<Dependency, ConfigError> 
     } else {
         None
     };
-    let load = match &s.load_control {
-        Some(config) => Some(LoadControl::with_config(name, *config)),
-        None => None,
-    };
+    let load = s
+        .load_control
+        .map(|config| LoadControl::with_config(name, config));
     Ok(Dependency {
         retry,
         budget,
