@@ -7,6 +7,10 @@
 //!
 //! Run with `--nocapture` to see the side-by-side of "no retries" and stormguard.
 
+#[path = "support/nginx.rs"]
+mod nginx;
+
+use nginx::{Conf, Nginx};
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -802,121 +806,7 @@ async fn a_server_that_refuses_a_stream_it_acted_on_gets_that_post_twice() {
     );
 }
 
-/// nginx 1.22 in front of the recording server, draining every client connection after
-/// [`NGINX_KEEPALIVE_REQUESTS`] requests, as a production nginx does every
-/// `keepalive_requests` (1000 by default; 50 here, so that 2,000 requests meet 40 drains
-/// or more). Over HTTP/2 a drain is nginx's GOAWAY, over HTTP/1.1 a `Connection: close`
-/// on the last response. Its own process (`master_process off`, `daemon off`) in its own
-/// temporary directory, killed by its process handle and its directory removed when
-/// dropped, so a failing test still cleans up.
-struct Nginx {
-    child: std::process::Child,
-    dir: std::path::PathBuf,
-    addr: SocketAddr,
-}
-
 const NGINX_KEEPALIVE_REQUESTS: usize = 50;
-
-impl Nginx {
-    /// Starts nginx on a free port of 127.0.0.1, proxying to `backend` (HTTP/1.1 with
-    /// upstream keep-alive), and waits (at most 10 s) until it accepts connections.
-    /// Fails with a clear message if nginx is not installed.
-    async fn start(protocol: Protocol, backend: SocketAddr) -> Result<Self, BoxError> {
-        // Debian installs it in /usr/sbin, which a user's PATH may not hold.
-        let binary = if std::path::Path::new("/usr/sbin/nginx").exists() {
-            "/usr/sbin/nginx"
-        } else {
-            "nginx"
-        };
-        let mut last_error = String::new();
-        // A port found free can be taken before nginx binds it: try a few.
-        for attempt in 0..5 {
-            let port = std::net::TcpListener::bind("127.0.0.1:0")?
-                .local_addr()?
-                .port();
-            let dir = std::env::temp_dir().join(format!(
-                "stormguard-nginx-{}-{port}-{attempt}",
-                std::process::id()
-            ));
-            std::fs::create_dir_all(&dir)?;
-            let listen = match protocol {
-                Protocol::Http1 => format!("127.0.0.1:{port}"),
-                Protocol::Http2 => format!("127.0.0.1:{port} http2"),
-            };
-            let d = dir.display();
-            let config = format!(
-                "daemon off;\nmaster_process off;\npid {d}/nginx.pid;\n\
-                 error_log {d}/error.log warn;\nevents {{ worker_connections 256; }}\n\
-                 http {{\n  access_log off;\n  client_body_temp_path {d}/body;\n  \
-                 proxy_temp_path {d}/proxy;\n  fastcgi_temp_path {d}/fastcgi;\n  \
-                 uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n  \
-                 upstream app {{ server {backend}; keepalive 16; }}\n  \
-                 server {{\n    listen {listen};\n    \
-                 keepalive_requests {NGINX_KEEPALIVE_REQUESTS};\n    \
-                 location / {{\n      proxy_pass http://app;\n      \
-                 proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n    }}\n  \
-                 }}\n}}\n"
-            );
-            let conf = dir.join("nginx.conf");
-            std::fs::write(&conf, config)?;
-            let spawned = std::process::Command::new(binary)
-                .arg("-p")
-                .arg(&dir)
-                .arg("-c")
-                .arg(&conf)
-                .args(["-e", "stderr"])
-                .stdin(std::process::Stdio::null())
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null())
-                .spawn();
-            let child = match spawned {
-                Ok(child) => child,
-                Err(e) => {
-                    let _ = std::fs::remove_dir_all(&dir);
-                    if e.kind() == std::io::ErrorKind::NotFound {
-                        return Err("nginx is not installed: `apt-get install nginx-light` \
-                                    (.ci/run does this)"
-                            .into());
-                    }
-                    return Err(format!("cannot start nginx: {e}").into());
-                }
-            };
-            let mut nginx = Nginx {
-                child,
-                dir,
-                addr: SocketAddr::from(([127, 0, 0, 1], port)),
-            };
-            match nginx.wait_until_ready().await {
-                Ok(()) => return Ok(nginx),
-                Err(e) => last_error = e.to_string(), // dropped: killed, directory removed
-            }
-        }
-        Err(format!("nginx did not start: {last_error}").into())
-    }
-
-    async fn wait_until_ready(&mut self) -> Result<(), BoxError> {
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while std::time::Instant::now() < deadline {
-            if let Some(status) = self.child.try_wait()? {
-                let log = std::fs::read_to_string(self.dir.join("error.log")).unwrap_or_default();
-                return Err(format!("nginx exited with {status}: {log}").into());
-            }
-            if tokio::net::TcpStream::connect(self.addr).await.is_ok() {
-                return Ok(());
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        Err(format!("nginx accepted no connection on {} within 10 s", self.addr).into())
-    }
-}
-
-impl Drop for Nginx {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
 
 /// nginx in front of a recording server that never drains: the drains are nginx's own.
 async fn nginx_test(protocol: Protocol) -> Result<(), BoxError> {
@@ -926,9 +816,19 @@ async fn nginx_test(protocol: Protocol) -> Result<(), BoxError> {
         draining_server(Protocol::Http1, usize::MAX, Close::Lingering).await;
     let (backend, processed, _) =
         draining_server(Protocol::Http1, usize::MAX, Close::Lingering).await;
-    let plain_nginx = Nginx::start(protocol, plain_backend).await?;
-    let bare_nginx = Nginx::start(protocol, bare_backend).await?;
-    let nginx = Nginx::start(protocol, backend).await?;
+    // Draining every client connection after NGINX_KEEPALIVE_REQUESTS requests, as a
+    // production nginx does every `keepalive_requests` (1000 by default; 50 here, so
+    // that 2,000 requests meet 40 drains or more). Over HTTP/2 a drain is nginx's
+    // GOAWAY, over HTTP/1.1 a `Connection: close` on the last response.
+    let drains = format!("keepalive_requests {NGINX_KEEPALIVE_REQUESTS};");
+    let conf = Conf {
+        server: &drains,
+        ..Conf::default()
+    };
+    let http2 = protocol == Protocol::Http2;
+    let plain_nginx = Nginx::start(http2, plain_backend, conf).await?;
+    let bare_nginx = Nginx::start(http2, bare_backend, conf).await?;
+    let nginx = Nginx::start(http2, backend, conf).await?;
     let server = format!("nginx drains every {NGINX_KEEPALIVE_REQUESTS} (keepalive_requests)");
     compare(
         protocol,
