@@ -193,7 +193,7 @@ fn classify_one(err: &(dyn Error + 'static)) -> Option<ErrorClass> {
     if err.is::<crate::circuit_open::CircuitOpen>() {
         return Some(ErrorClass::CircuitOpen);
     }
-    if err.is::<crate::load::Shed>() {
+    if err.is::<crate::shed::Shed>() {
         return Some(ErrorClass::Shed);
     }
     if err.is::<Unprocessed>() {

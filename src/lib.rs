@@ -100,6 +100,7 @@ pub mod metrics;
 #[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
 pub mod reqwest;
 pub mod retry;
+mod shed;
 pub mod signals;
 pub mod stack;
 mod tower_budget;

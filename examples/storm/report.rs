@@ -266,8 +266,15 @@ pub(crate) fn print_table(reports: &[Report]) {
         let recovery = r
             .recovery_s
             .map_or_else(|| "never".to_owned(), |s| format!("{s:.2} s"));
+        // A share of the capacity only where the window saturates the server.
+        let saturated = r.scenario == "brownout" || r.scenario == "overload";
+        let goodput = if saturated {
+            format!("{:.1}%", 100.0 * ratio(r.goodput, capacity))
+        } else {
+            "-".to_owned()
+        };
         println!(
-            "{:<10} {:<14} {:>7} {:>8} {:>7.2} {:>9.2} {:>8.2} {:>6.1}% {:>6.1}% {:>7.1}% {:>8.1}% {:>7.1} {:>7.1} {:>8} {:>7.1}% {:>8.1} {:>8} {:>8}",
+            "{:<10} {:<14} {:>7} {:>8} {:>7.2} {:>9.2} {:>8.2} {:>6.1}% {:>6.1}% {:>7.1}% {:>8.1}% {:>7.1} {:>7.1} {:>8} {:>8} {:>8.1} {:>8} {:>8}",
             r.scenario,
             r.strategy,
             r.offered,
@@ -282,13 +289,20 @@ pub(crate) fn print_table(reports: &[Report]) {
             r.p50_ms,
             r.p99_ms,
             recovery,
-            100.0 * ratio(r.goodput, capacity),
+            goodput,
             r.late_p99_ms,
             r.shed_outside,
             r.shed_window,
         );
     }
-    println!("capacity measured in the window: {capacity:.0} served/s (goodput is a share of it)");
+    if reports
+        .iter()
+        .any(|r| r.scenario == "brownout" || r.scenario == "overload")
+    {
+        println!(
+            "capacity measured in the window: {capacity:.0} served/s (goodput is a share of it)"
+        );
+    }
 }
 
 pub(crate) fn to_json(reports: &[Report]) -> serde_json::Value {
