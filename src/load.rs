@@ -53,7 +53,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
@@ -88,6 +88,9 @@ struct Shared {
     name: String,
     /// Woken when a place is given back.
     room: Arc<Notify>,
+    /// The calls waiting for room now: a place given back wakes one only when there
+    /// is one.
+    waiting: AtomicUsize,
     shed: AtomicU64,
     waited: AtomicU64,
 }
@@ -141,6 +144,7 @@ impl LoadControl {
             shared: Arc::new(Shared {
                 name: name.to_owned(),
                 room: Arc::new(Notify::new()),
+                waiting: AtomicUsize::new(0),
                 shed: AtomicU64::new(0),
                 waited: AtomicU64::new(0),
             }),
@@ -171,7 +175,7 @@ impl LoadControl {
     fn place(&self, permit: LimitPermit) -> Place {
         Place {
             permit: Some(permit),
-            room: self.shared.room.clone(),
+            shared: self.shared.clone(),
         }
     }
 
@@ -332,6 +336,10 @@ where
                 let clone = self.inner.clone();
                 let service = std::mem::replace(&mut self.inner, clone);
                 self.control.shared.waited.fetch_add(1, Ordering::Relaxed);
+                // Counted before it looks for room again (its first poll): see
+                // `Place`'s drop.
+                self.control.shared.waiting.fetch_add(1, Ordering::SeqCst);
+                fence(Ordering::SeqCst);
                 let wait = self.control.limit.config().max_wait();
                 State::Waiting {
                     wait: Box::new(Wait {
@@ -359,7 +367,7 @@ fn registered(room: &Arc<Notify>) -> Pin<Box<OwnedNotified>> {
 /// A call's place: gives it back, and wakes a call waiting for room, when dropped.
 struct Place {
     permit: Option<LimitPermit>,
-    room: Arc<Notify>,
+    shared: Arc<Shared>,
 }
 
 impl Place {
@@ -373,9 +381,15 @@ impl Place {
 impl Drop for Place {
     fn drop(&mut self) {
         drop(self.permit.take());
-        // The newest waiter first (LIFO): in a sustained overload the oldest waiters
-        // are the likeliest to be shed anyway, and the newest to still be waited for.
-        self.room.notify_last();
+        // Either this sees the waiter counted, or the waiter, counted before it looks,
+        // sees the place given back (the fences order the two sides' store and load).
+        fence(Ordering::SeqCst);
+        if self.shared.waiting.load(Ordering::SeqCst) > 0 {
+            // The newest waiter first (LIFO): in a sustained overload the oldest
+            // waiters are the likeliest to be shed anyway, and the newest to still be
+            // waited for.
+            self.shared.room.notify_last();
+        }
     }
 }
 
@@ -386,6 +400,12 @@ struct Wait<S, Req> {
     control: LoadControl,
     room: Pin<Box<OwnedNotified>>,
     deadline: Pin<Box<Sleep>>,
+}
+
+impl<S, Req> Drop for Wait<S, Req> {
+    fn drop(&mut self) {
+        self.control.shared.waiting.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 pin_project! {

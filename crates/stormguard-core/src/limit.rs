@@ -133,7 +133,7 @@ const FINAGLE_NACK: &str = "finagle-http-nack";
 
 impl Load {
     /// How an HTTP or gRPC answer reads: 429, gRPC `RESOURCE_EXHAUSTED` (in the headers:
-    /// a trailers-only answer), Envoy's `x-envoy-overloaded` or Finagle's nacks are
+    /// a trailers-only answer), Envoy's `x-envoy-overloaded` or Finagle's nacks on a 5xx are
     /// [`Overloaded`](Load::Overloaded); any other 5xx is [`Unrelated`](Load::Unrelated);
     /// everything else is [`Served`](Load::Served).
     ///
@@ -149,15 +149,24 @@ impl Load {
     /// let mut grpc = HeaderMap::new();
     /// grpc.insert("grpc-status", "8".parse().unwrap());
     /// assert_eq!(Load::of_response(StatusCode::OK, &grpc), Load::Overloaded);
+    /// let mut envoy = HeaderMap::new();
+    /// envoy.insert("x-envoy-overloaded", "true".parse().unwrap());
+    /// assert_eq!(Load::of_response(StatusCode::SERVICE_UNAVAILABLE, &envoy), Load::Overloaded);
     /// ```
     pub fn of_response(status: http::StatusCode, headers: &http::HeaderMap) -> Load {
-        let overloaded = status == http::StatusCode::TOO_MANY_REQUESTS
-            || headers.contains_key(crate::classify::X_ENVOY_OVERLOADED)
-            || headers.contains_key(FINAGLE_NACK)
-            || headers.contains_key(crate::classify::FINAGLE_NONRETRYABLE_NACK)
-            || headers
+        // Envoy's and Finagle's nacks come on a 503, a trailers-only gRPC answer on a
+        // 200: a success reads one header.
+        let overloaded = if status == http::StatusCode::TOO_MANY_REQUESTS {
+            true
+        } else if status.is_server_error() {
+            headers.contains_key(crate::classify::X_ENVOY_OVERLOADED)
+                || headers.contains_key(FINAGLE_NACK)
+                || headers.contains_key(crate::classify::FINAGLE_NONRETRYABLE_NACK)
+        } else {
+            headers
                 .get(crate::classify::GRPC_STATUS)
-                .is_some_and(|code| code.as_bytes() == b"8");
+                .is_some_and(|code| code.as_bytes() == b"8")
+        };
         if overloaded {
             Load::Overloaded
         } else if status.is_server_error() {
