@@ -1,7 +1,8 @@
 //! The stacks every bench compares, listed once: `bare` (the upstream alone), tower's
 //! `Retry` with a `TpsBudget` (the reference), tower's `Retry` with a policy that never
-//! retries, stormguard's retry, stormguard's retry over its breaker, and stormguard's
-//! hedge. `ratio` and `overhead` each hand [`each`] a [`Visit`] that measures a stack
+//! retries, stormguard's retry, stormguard's retry over its breaker, the standard
+//! stack's two tower timeouts, the standard stack with and without its load control,
+//! and stormguard's hedge. `ratio` and `overhead` each hand [`each`] a [`Visit`] that measures a stack
 //! its own way, and add the rows only they measure.
 
 use std::fmt::Debug;
@@ -9,6 +10,7 @@ use std::fmt::Debug;
 use http::Response;
 use stormguard::{
     CircuitBreaker, CircuitBreakerLayer, HedgeLayer, HedgePolicy, RetryLayer, RetryPolicy,
+    StandardStack,
 };
 use tower::{BoxError, Service, ServiceBuilder};
 
@@ -60,6 +62,34 @@ where
         ServiceBuilder::new()
             .layer(RetryLayer::new(RetryPolicy::default()))
             .layer(CircuitBreakerLayer::new(breaker))
+            .service(upstream()),
+    );
+    // The standard stack's two tower timeouts alone (30 s over 10 s), then the standard
+    // stack itself.
+    visit.visit(
+        "two_tower_timeouts",
+        ServiceBuilder::new()
+            .timeout(stormguard::stack::DEFAULT_TOTAL_TIMEOUT)
+            .timeout(stormguard::stack::DEFAULT_ATTEMPT_TIMEOUT)
+            .service(upstream()),
+    );
+    visit.visit(
+        "stormguard_standard_stack",
+        StandardStack::new("bench").http(upstream()),
+    );
+    // The same layers built by hand without the load control between the retry and the
+    // breaker: the control's own cost is the difference from the row above.
+    let breaker = CircuitBreaker::builder().build().expect("breaker");
+    visit.visit(
+        "stormguard_standard_stack_without_load_control",
+        ServiceBuilder::new()
+            .timeout(stormguard::stack::DEFAULT_TOTAL_TIMEOUT)
+            .layer(
+                RetryLayer::new(RetryPolicy::default())
+                    .total_timeout(stormguard::stack::DEFAULT_TOTAL_TIMEOUT),
+            )
+            .layer(CircuitBreakerLayer::new(breaker))
+            .timeout(stormguard::stack::DEFAULT_ATTEMPT_TIMEOUT)
             .service(upstream()),
     );
     // The default policy: once it has its latencies, every call it may hedge is timed

@@ -8,6 +8,7 @@
 use std::alloc::System;
 
 use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
+use stormguard::stack::StandardStack;
 use stormguard::{CircuitBreaker, CircuitBreakerLayer, RetryLayer, RetryPolicy};
 use tower::{Service, ServiceBuilder, ServiceExt};
 
@@ -110,10 +111,39 @@ fn the_success_path_allocates_no_more_than_towers_retry() {
                 .service(upstream()),
             false,
         );
+        let standard = allocations_per_call(
+            &rt,
+            make,
+            StandardStack::new("allocations").http(upstream()),
+            false,
+        );
+        // The same layers without the load control between the retry and the breaker.
+        let breaker = CircuitBreaker::builder().build().expect("breaker");
+        let without_load_control = allocations_per_call(
+            &rt,
+            make,
+            ServiceBuilder::new()
+                .timeout(stormguard::stack::DEFAULT_TOTAL_TIMEOUT)
+                .layer(
+                    RetryLayer::new(RetryPolicy::default())
+                        .total_timeout(stormguard::stack::DEFAULT_TOTAL_TIMEOUT),
+                )
+                .layer(CircuitBreakerLayer::new(breaker))
+                .timeout(stormguard::stack::DEFAULT_ATTEMPT_TIMEOUT)
+                .service(upstream()),
+            false,
+        );
         println!(
             "{name} request, allocations per call: bare {bare}, tower_retry {tower_retry}, \
              tower_retry_tps_budget {tower_tps}, stormguard retry {retry}, \
-             stormguard retry+breaker {retry_breaker}"
+             stormguard retry+breaker {retry_breaker}, standard stack {standard} \
+             ({without_load_control} without its load control)"
+        );
+        // The load control allocates nothing of its own on the success path.
+        assert!(
+            standard <= without_load_control,
+            "{name}: the standard stack allocates {standard} per call, \
+             {without_load_control} without its load control"
         );
         // Building the request allocates: zeros here would mean the allocator counts
         // nothing, and the comparisons below would pass vacuously.
