@@ -3,8 +3,8 @@
 //!
 //! When a dependency is saturated, every call past its capacity waits in its queue, and
 //! once that wait outlasts the callers' timeouts it spends its capacity on answers
-//! nobody waits for: the storm's `brownout` served 18% of its calls where the capacity
-//! allowed 62%. [`LoadControlLayer`] keeps the calls in flight near what the dependency
+//! nobody waits for, while the callers hold their requests until they time out.
+//! [`LoadControlLayer`] keeps the calls in flight near what the dependency
 //! serves without a queue (Little's law), adapting the limit from each call's latency,
 //! timeouts and overload answers ([`sans_io::limit`](crate::sans_io::limit) has the
 //! rules and why); a call past the limit waits for room, up to
@@ -142,7 +142,8 @@ impl LoadControl {
         LoadControl {
             limit,
             shared: Arc::new(Shared {
-                name: name.to_owned(),
+                // Unnamed, it reports as the retry policy and the breaker do.
+                name: if name.is_empty() { "default" } else { name }.to_owned(),
                 room: Arc::new(Notify::new()),
                 waiting: AtomicUsize::new(0),
                 shed: AtomicU64::new(0),
@@ -182,7 +183,7 @@ impl LoadControl {
     fn shed(&self, full: limit::Full) -> Shed {
         self.shared.shed.fetch_add(1, Ordering::Relaxed);
         #[cfg(feature = "metrics")]
-        metrics::counter!("stormguard_load_shed_total", "service" => self.shared.name.clone())
+        metrics::counter!("load_control_shed_total", "service" => self.shared.name.clone())
             .increment(1);
         tracing::debug!(
             target: "stormguard::load",
@@ -203,7 +204,7 @@ pub struct LoadControlBuilder {
 }
 
 impl LoadControlBuilder {
-    /// The dependency's name, the `service` label of its metrics \[none\].
+    /// The dependency's name, the `service` label of its metrics \[`"default"`\].
     pub fn name(mut self, name: &str) -> Self {
         self.name = name.to_owned();
         self
