@@ -16,10 +16,9 @@
 //!
 //! The retry layer cannot tell that timeout from one whose request the server is still
 //! working on, so it retries it only when the request may be repeated: a POST is lost.
-//! In the repository's drain test (`tests/drain.rs`: 2,000 requests, half POST, 32 at a
-//! time, a server draining each HTTP/2 connection every 10 requests) this happened in
-//! one or two runs in a hundred. docs/checking.md has the evidence and the fix it
-//! calls for in hyper.
+//! The repository's drain test (`tests/drain.rs`, a server draining its HTTP/2
+//! connections every few requests) meets it now and then;
+//! `tests/handoff.rs` reproduces the race that strands them.
 //!
 //! # What a tracked connection proves
 //!

@@ -59,16 +59,18 @@
 //!
 //! # What it does under failure
 //!
-//! In the main job (`examples/storm`), a dependency of 800 requests/s capacity answers
-//! every request 503 for 5 s while a fleet offers it 520 requests/s, once per strategy;
-//! attempts per second at the server (`--scenario all --seed 1`, commit 7285cd4):
+//! In the main job (`examples/storm`), a dependency answers every request 503 for a few
+//! seconds while a fleet keeps offering it less than its capacity, once per retry
+//! strategy; the chart shows the attempts per second at the server:
 //!
 #![doc = include_str!("../docs/storm.svg")]
 //!
-//! The naive and unlimited fleets hold the dependency down after the outage; stormguard's
-//! breaker holds the window to 0.11 attempts per request and the dependency recovers
-//! 0.25 s after it. The repository's README and `docs/` hold every scenario and the
-//! measurements behind the defaults, each with the command that printed it.
+//! The naive and unlimited fleets hold the dependency down after the outage; behind
+//! stormguard's budget and breaker the outage costs the dependency a small fraction of
+//! an attempt per request, and it recovers shortly after the outage ends. The measured
+//! figures, for every scenario, are in the main-job page of the guide (docs/main-job.md
+//! in the repository), and those behind the defaults in its defaults page
+//! (docs/defaults.md).
 //!
 //! # Cargo features
 //!

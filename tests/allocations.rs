@@ -3,7 +3,8 @@
 //! `Retry` does to clone the request, for a small request and for a realistic one (ten
 //! headers, a 1 KiB body), whose clone allocates more.
 //!
-//! This file holds a single test, so that no other test allocates while it counts.
+//! Its tests count one at a time (`ONE_AT_A_TIME`), so that no other test allocates while
+//! one counts.
 
 use std::alloc::System;
 

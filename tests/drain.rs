@@ -475,7 +475,7 @@ async fn drain_test(protocol: Protocol, per_connection: usize, close: Close) {
 ///
 /// Now and then hyper-util's HTTP/2 client leaves the requests it hands a connection
 /// around a drain in that connection's dispatch queue, never written, until their
-/// attempts time out (docs/checking.md). The client here is built on stormguard's
+/// attempts time out (`tests/handoff.rs` reproduces the race). The client here is built on stormguard's
 /// `TrackedConnector`, with which the retry layer proves such a POST never left and
 /// retries it; the test prints the requests served only after an attempt's timeout.
 async fn compare(
@@ -755,7 +755,7 @@ async fn a_raw_h2_server_draining_gets_a_post_twice_only_when_hyper_cancelled_it
     // Not every drain is invisible here: in 100 runs before the client had a
     // `TrackedConnector`, 11 had errors at the caller (44 in all; 20 of them, in 3 runs,
     // POSTs stranded unwritten until the 5 s per-attempt timeout; the rest lost on
-    // connections closed under them), and 1 run in 100 with it (docs/checking.md). They
+    // connections closed under them), and 1 run in 100 with it. They
     // are bounded here; the hyper drain tests above hold them at 0.
     assert!(
         failures.ids.len() <= REQUESTS as usize / 100,

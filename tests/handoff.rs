@@ -372,7 +372,7 @@ impl Drop for Probe {
 /// accepted that are alive once both are done, until it has found `FOUND` of them (or
 /// made `TRIES` tries, or spent two minutes); the test passes if it found one. A tokio that
 /// closes the race fails it, and the docs of `stormguard::connect` are then to be read
-/// again. `STRANDED_TRIES=N` makes it go on for N tries, the figures in docs/checking.md.
+/// again. `STRANDED_TRIES=N` makes it go on for N tries.
 #[test]
 fn tokio_unbounded_send_racing_the_receivers_drop_can_strand_its_message() {
     use std::sync::atomic::AtomicU64;

@@ -29,11 +29,10 @@ use super::{Callback, CircuitBreaker, CircuitState, Shared, Transition};
 ///     // Longer only for a client too quiet to finish `min_throughput` calls in it.
 ///     .window(Duration::from_secs(2))
 ///     .min_throughput(20)
-///     // Lower trips on partial outages whose retries would have served (0.5 served
-///     // less than no retries at 60% failures).
+///     // Lower trips on partial outages whose retries would have served, and serves
+///     // less than no retries.
 ///     .failure_ratio(0.95)
-///     // Lower trips on a 90% partial outage (30 in a row did, and served less than
-///     // no retries).
+///     // Lower trips on heavy partial outages, and serves less than no retries.
 ///     .consecutive_failures(50)
 ///     // Longer only where a probe is expensive: the client is blind for the break.
 ///     .break_duration(Duration::from_millis(25))

@@ -1,26 +1,28 @@
 //! A circuit breaker: stop calling a dependency that is failing, and find out when it
 //! has recovered.
 //!
-//! Retries help with blips. When a dependency is down or overloaded, though, every call
-//! and every retry adds to its load while each caller waits out its timeout for nothing.
-//! A circuit breaker counts the outcomes of recent calls and, once too many fail,
-//! *opens*: for a break, calls fail at once with [`CircuitOpen`] without reaching the
-//! dependency. By default it opens after `consecutive_failures` (100) failures in a row,
-//! or when, over its window (2 s, in 10 buckets), at least `min_throughput` (20) calls
-//! were made and at least `failure_ratio` (0.95) of them failed: a dependency that is
-//! down, not one that fails some requests (shedding those would lose the ones that
-//! succeed). The break is 25 ms by default, plus up to 20% jitter so that a fleet's
-//! breakers do not probe in lockstep; doubled on each failed probe up to
-//! `max_break_duration` when that is set above it. [`stormguard_core::breaker`] says why
-//! these defaults, with the measurements; the example under *Where it goes in the stack*
-//! says when to turn each. When the break is over the circuit is *half-open*: exactly
-//! `probes` calls (1 by default) go through, across every clone of the service, however
-//! many callers race for them; a dropped probe frees its slot, and a probe whose service
-//! panics, in `call` or in its future, gives its slot back as it unwinds. If the probes
-//! succeed the circuit *closes* and traffic resumes; if one fails it opens again. The
-//! rules live in [`stormguard_core::breaker`], a state machine with time passed in; this
-//! module drives it from a Tower service with tokio's clock (so paused time in tests
-//! works).
+//! [`CircuitBreakerLayer`] counts the outcomes of the calls to one dependency in a
+//! [`CircuitBreaker`] that every clone shares. Once too many fail, the circuit *opens*:
+//! for a break, calls fail at once with [`CircuitOpen`] without reaching the dependency.
+//! When the break is over the circuit is *half-open*: `probes` calls (1 by default) go
+//! through, however many callers race for them; if they succeed the circuit *closes*, if
+//! one fails it opens again. By default it opens after `consecutive_failures` (50)
+//! failures in a row, or when, over its window (2 s), at least `min_throughput` (20) calls
+//! were made and at least `failure_ratio` (0.95) of them failed; a break lasts 25 ms plus
+//! up to 20% jitter, so that a fleet's breakers do not probe in lockstep. The rules live in
+//! [`stormguard_core::breaker`], a state machine with time passed in; this module drives
+//! it from a Tower service with tokio's clock (so paused time in tests works).
+//!
+//! # Why fail fast
+//!
+//! Retries help with blips. When a dependency is down or overloaded, every call and every
+//! retry adds to its load while each caller waits out its timeout for nothing. Failing
+//! fast spares both: the dependency gets room to recover, and the caller hears at once and
+//! can fall back ([`remaining`](CircuitOpen::remaining) says when the next probe is due)
+//! instead of holding its requests, memory and connections for as long as the outage
+//! lasts. The defaults trip on a dependency that is down, not on one that fails some
+//! requests (shedding those would lose the ones that succeed), and keep breaks short,
+//! because a break is how long the client stays blind to the dependency's return.
 //!
 //! # Where it goes in the stack
 //!
@@ -56,167 +58,86 @@
 //! }
 //!
 //! fn breaker() -> Result<CircuitBreaker, stormguard::ConfigError> {
-//!     // The defaults, the same breaker as `CircuitBreaker::default()`. Each was measured
-//!     // against the old 50% over 30 s with 5 s breaks, which turned a 5 s outage into an
-//!     // 8 s one and shed requests that would have succeeded.
+//!     // The defaults, the same breaker as `CircuitBreaker::default()`; the guide's defaults
+//!     // page (docs/defaults.md in the repository) has the measurements behind each.
 //!     CircuitBreaker::builder()
-//!         // Trips on a total outage (or a blip) within about 0.1 s at 500 calls a
-//!         // second, and seldom on random 90% failures (0.9^50 is about 5e-3). Do not
-//!         // lower it: 30 in a row tripped on a 90% partial outage and served less
-//!         // than no retries.
+//!         // Failures in a row: a total outage (or a blip) makes the run at once, random
+//!         // failures seldom do, even when most calls fail. Do not lower it: a shorter run
+//!         // trips on heavy partial outages, whose requests still succeed now and then.
 //!         .consecutive_failures(50)
 //!         // The backstop for clients too slow to see 50 failures in a row; keep it high:
-//!         // at 0.5 a breaker sheds the first tries of a 60% partial outage, which succeed
-//!         // 40% of the time, and serves less than not retrying.
+//!         // a lower ratio sheds the first tries of a partial outage, which would often have
+//!         // succeeded, and serves less than not retrying.
 //!         .failure_ratio(0.95)
-//!         // Keep it short: a 30 s window full of healthy calls opened 2.4 s into an outage,
-//!         // and a shared one never (10 s of failures never reach half of 30 s).
+//!         // Keep it short: a long window full of healthy calls needs seconds of failures
+//!         // to reach the ratio.
 //!         .window(Duration::from_secs(2))
 //!         // Calls the window needs before the ratio counts. A client slower than that never
-//!         // trips on the ratio, and need not: its budget alone held a fleet of them to 1.22x
-//!         // through the storm example's outage, with immediate recovery.
+//!         // trips on the ratio, and need not: its retry budget alone bounds its load.
 //!         .min_throughput(20)
-//!         // How long the client stays blind to the dependency's return: 25 ms closes within
-//!         // 30 ms of it, for 35-40 probes a second per breaker during an outage. Raise it
-//!         // (and `max_break_duration`) only where probes are expensive: 5 s breaks doubling
-//!         // to 60 s outlasted a 5 s outage by about 3 s, and 1 s doubling to 10 s closed 8 s late.
+//!         // How long the client stays blind to the dependency's return (plus up to 20%
+//!         // jitter), for one fast-failing probe per break during an outage. Raise it (and
+//!         // `max_break_duration`) only where probes are expensive: long breaks outlast the
+//!         // outage they were meant to ride out.
 //!         .break_duration(Duration::from_millis(25))
 //!         .build()
 //! }
 //! ```
 //!
-//! - **Below the retry layer.** The retry layer is outermost so that a request has one
-//!   retry point: retries nested at several layers multiply (three layers of three
-//!   attempts is 27 requests at the bottom). Every attempt passes through the breaker, so
-//!   a failing dependency trips it sooner instead of having its failures hidden by
-//!   retries, and while the circuit is open each attempt fails at once with
-//!   [`CircuitOpen`]: an outage costs the dependency nothing. The retry layer retries a
-//!   `CircuitOpen` only when its break ends before the backoff's next wait would anyway
-//!   (the default 25 ms breaks, against waits of up to 200 ms and 400 ms), and then after
-//!   that wait, or later, spread over up to four times as long as the circuit has been
-//!   open (so that what it refused does not come back at once as it closes; see the
-//!   [`retry` module](crate::retry#an-open-circuit-below)): the circuit admits its probe
-//!   meanwhile, so the retry adds no load, and a short blip's requests are not lost to
-//!   the breaker. A longer break fails at once, straight back to the caller.
-//! - **Above the per-attempt timeout.** A timeout is an error from the inner service and
-//!   counts as a failure, which the retry layer may retry. Were the timeout outside the
-//!   breaker, a hung call would simply be dropped, and a dropped call counts as nothing
-//!   (its probe slot is given back).
-//! - **Inside the total timeout.** A timeout outside everything bounds what the caller
-//!   waits in all; the [`Deadline`](crate::Deadline) beside it is under *Deadlines* in
-//!   [`retry`](crate::retry#deadlines).
+//! - **Below the retry layer**, so that a request has one retry point and every attempt
+//!   passes through the breaker: a failing dependency trips it sooner, and while the
+//!   circuit is open each attempt fails at once. The retry layer waits out a short break
+//!   and fails fast past [`FAIL_FAST_AFTER`](crate::sans_io::breaker::FAIL_FAST_AFTER)
+//!   (see the [`retry` module](crate::retry#an-open-circuit-below)).
+//! - **Above the per-attempt timeout**, so that a hung call ends as a timeout, which counts
+//!   as a failure; a call dropped from above counts as nothing.
+//! - **Inside the total timeout**, which bounds what the caller waits in all (with a
+//!   [`Deadline`](crate::Deadline) beside it: [`retry`](crate::retry#deadlines)).
 //!
 //! # What counts as a failure
 //!
 //! - Responses whose status is in [`StatusSet::breaker_default()`] (408, 429 and every
-//!   5xx), or, when the response headers carry `grpc-status` (a trailers-only gRPC
-//!   response), whose code is in [`GrpcCodeSet::breaker_default()`]. Both sets can be
-//!   replaced on the builder.
-//! - Every error from the inner service (connection refused, reset, timeout...), except
-//!   a [`CircuitOpen`] anywhere in its `source()` chain: that comes from another breaker
-//!   nested below, which already counted the failures it saw.
-//! - A call the dependency turned away before doing any work (an HTTP/2
-//!   `REFUSED_STREAM`, a GOAWAY the call's stream was above) counts only toward the
-//!   failures in a row, which a success ends, and not in the window's ratio: a graceful
-//!   drain (an nginx reload, a rolling restart) refuses the few calls in flight on the
-//!   connection it closes while the calls around them succeed, so it never trips the
-//!   circuit, while a dependency that refuses every stream, or answers every connection
-//!   with a GOAWAY, makes an unbroken run and does (after 100 by default).
+//!   5xx), or whose `grpc-status` is in [`GrpcCodeSet::breaker_default()`]; both sets can
+//!   be replaced on the builder.
+//! - Every error from the inner service (connection refused, reset, timeout...), except a
+//!   [`CircuitOpen`] in its `source()` chain: a breaker nested below already counted it.
+//! - A call the dependency turned away unprocessed (an HTTP/2 `REFUSED_STREAM`, a GOAWAY
+//!   the call's stream was above) counts only toward the failures in a row, which a
+//!   success ends: a graceful drain never trips the circuit, while a dependency that
+//!   refuses every stream does (after 50 by default).
 //!
-//! Other 4xx responses (and gRPC codes outside the set, such as `INVALID_ARGUMENT`) are
-//! the caller's fault and say nothing about the dependency's health: they are *ignored*.
-//! They count neither as failures nor as successes, so a client sending bad requests
-//! neither trips the breaker nor dilutes the failure ratio of a dependency that is
-//! failing everyone else. An ignored probe frees its slot for the next caller.
-//! Everything else (1xx to 3xx, `grpc-status: 0`) is a success.
+//! Other 4xx responses (and gRPC codes outside the set, such as `INVALID_ARGUMENT`) are the
+//! caller's fault and say nothing of the dependency's health: they are *ignored*, neither
+//! failures nor successes, so a client sending bad requests neither trips the breaker nor
+//! dilutes the failure ratio. Everything else (1xx to 3xx, `grpc-status: 0`) is a success.
 //!
 //! # gRPC: the status in the trailers
 //!
-//! A gRPC call that does not fail at once says how it ended only in its trailers: every
-//! server stream, and a unary call whose server sends its headers before its status.
-//! For a `200` response of content type `application/grpc` (or `application/grpc+...`)
-//! with no `grpc-status` in its head, the breaker reads the status in the trailers as
-//! the body goes by ([`ResponseBody`], which buffers nothing) and counts it by the same
-//! rules: a server stream that sends three messages and then `UNAVAILABLE` is a failure.
-//! A body its caller drops before the end is neither a success nor a failure; one that
-//! ends without a status, or with an error of its own, is a failure. A half-open probe
-//! is decided at its first message or its end, whichever comes first, so that a probe
-//! answered with a long stream does not hold the probe slot for the stream's life.
-//! Every other response (plain HTTP, a trailers-only gRPC error) is decided at its
-//! head, and its body passed through untouched. gRPC-Web, whose trailers travel inside
-//! the body, is decided at its head.
-//!
-//! The retry layer never watches trailers: a gRPC response that has started streaming
-//! is committed and never retried (gRFC A6), so its status, if it fails, is the
-//! caller's to see.
-//!
-//! # Example
-//!
-//! ```
-//! use std::convert::Infallible;
-//! use std::time::Duration;
-//!
-//! use http::{Request, Response, StatusCode};
-//! use stormguard::{CircuitBreaker, CircuitBreakerLayer, CircuitOpen, breaker::CircuitState};
-//! use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
-//!
-//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
-//! # async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-//! // The defaults: open at 95% failures of at least 20 calls over 2 s (or 100 in a
-//! // row), for breaks of 25 ms.
-//! let breaker = CircuitBreaker::builder()
-//!     .on_transition(|t| println!("circuit {} -> {}", t.from, t.to))
-//!     .build()?;
-//!
-//! let mut svc = ServiceBuilder::new()
-//!     .layer(CircuitBreakerLayer::new(breaker.clone()))
-//!     .service(service_fn(|_req: Request<()>| async {
-//!         let mut response = Response::new(());
-//!         *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
-//!         Ok::<_, Infallible>(response)
-//!     }));
-//!
-//! for _ in 0..20 {
-//!     let response = svc.ready().await?.call(Request::new(())).await?;
-//!     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
-//! }
-//! assert_eq!(breaker.state(), CircuitState::Open);
-//!
-//! // The next call fails fast, without reaching the service.
-//! let err = svc.ready().await?.call(Request::new(())).await.unwrap_err();
-//! let open = err.downcast_ref::<CircuitOpen>().expect("the circuit is open");
-//! assert!(open.remaining() > Duration::ZERO);
-//! assert_eq!(breaker.stats().rejected, 1);
-//! # Ok(())
-//! # }
-//! ```
+//! For a `200` gRPC response with no `grpc-status` in its head, the breaker reads the
+//! status in the trailers as the body goes by ([`ResponseBody`], which buffers nothing)
+//! and counts it by the same rules; a body dropped before its end is neither a success nor
+//! a failure. A half-open probe is decided at its first message or its end, whichever
+//! comes first. Every other response is decided at its head.
 //!
 //! # Failing fast, or waiting
 //!
-//! While the circuit refuses calls, `poll_ready` is ready at once without asking the
-//! inner service, and `call` fails with [`CircuitOpen`] (tower's `LoadShed` pattern), so
-//! callers never queue for the capacity of a dependency already considered down (a full
-//! `Buffer`, a tonic `Channel` at its limit). With
-//! [`wait_when_open(true)`](CircuitBreakerBuilder::wait_when_open), `poll_ready` instead
-//! returns `Pending` while the circuit is open (until the break is over), isolated
-//! (until [`reset`](CircuitBreaker::reset)) or half-open with every probe slot taken
-//! (until a probe finishes). That suits a worker pulling from a queue, which would
-//! rather pause than burn through its messages, and a breaker under a load balancer; put
-//! a load-shed or timeout layer above it if callers must not wait. A call can still be
-//! rejected if another caller took the last probe slot between `poll_ready` and `call`.
+//! While the circuit refuses calls, `poll_ready` is ready at once and `call` fails with
+//! [`CircuitOpen`] (tower's `LoadShed` pattern), so callers never queue for a dependency
+//! already considered down. With
+//! [`wait_when_open(true)`](CircuitBreakerBuilder::wait_when_open), `poll_ready` returns
+//! `Pending` instead until a call may go through: for a worker pulling from a queue, which
+//! would rather pause than burn through its messages.
 //!
 //! # Observing it
 //!
-//! Every transition is a `tracing` event with target `stormguard::breaker` and fields
-//! `from` and `to` (`warn` when the circuit opens or is isolated, `info` otherwise), is
-//! passed to the [`on_transition`](CircuitBreakerBuilder::on_transition) callback, and
-//! updates the receivers of [`subscribe`](CircuitBreaker::subscribe).
-//! [`stats`](CircuitBreaker::stats) counts calls, failures, rejections and transitions,
-//! and an operator can force the circuit open with [`isolate`](CircuitBreaker::isolate)
-//! or closed with [`reset`](CircuitBreaker::reset).
-//! The Open to HalfOpen transition happens lazily: [`state`](CircuitBreaker::state)
-//! reports `HalfOpen` as soon as the break is over, but the event is emitted when the
-//! next call arrives.
+//! Every transition is a `tracing` event on target `stormguard::breaker`, a call of the
+//! [`on_transition`](CircuitBreakerBuilder::on_transition) callback and an update to the
+//! receivers of [`subscribe`](CircuitBreaker::subscribe). [`stats`](CircuitBreaker::stats)
+//! counts calls, failures, rejections and transitions; an operator can force the circuit
+//! open with [`isolate`](CircuitBreaker::isolate) or closed with
+//! [`reset`](CircuitBreaker::reset). The Open to HalfOpen transition is lazy:
+//! [`state`](CircuitBreaker::state) reads `HalfOpen` once the break is over, and the event
+//! comes with the next call.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -21,8 +21,8 @@
 //! backoff = { base = "200ms", cap = "20s" }    # [200ms, 20s] durations: "250us", "200ms", "1.5s", "2m"
 //!
 //! [dependencies.payments.breaker]              # the breaker is on unless `enabled = false`
-//! consecutive_failures = 50                    # [50] 30 tripped on a 90% partial outage and
-//!                                              # served less than no retries: do not lower it
+//! consecutive_failures = 50                    # [50] lower trips on heavy partial outages and
+//!                                              # serves less than no retries: do not lower it
 //!
 //! [dependencies.search.hedging]                # hedging is off unless the section is there
 //! percentile = 0.95                            # [0.95] lower hedges more requests, at more load
@@ -101,52 +101,15 @@
 //! # The example, and the simulator
 //!
 //! `cargo run --example config --features serde` reads `examples/stormguard.toml` and the
-//! A6 service config in `examples/grpc_service_config.json` (both in the repository), then
-//! drives the `payments` stack against a server on 127.0.0.1 that fails its first 30
-//! requests. On the commit that stopped counting a breaker's refusals as attempts
-//! (CHANGELOG.md, Unreleased) it printed:
-//!
-//! ```text
-//! examples/stormguard.toml:
-//! | dependency | retry budget | breaker | hedging |
-//! |---|---|---|---|
-//! | cache | 10% of requests over 10s | off | off |
-//! | inventory | 10% of requests over 10s | opens at 50 failures in a row or 95% of 2s, breaks 25ms to 25ms | off |
-//! | payments | 10% of requests over 10s | opens at 50 failures in a row or 95% of 2s, breaks 25ms to 25ms | off |
-//! | search | 20% of requests over 10s | opens at 50 failures in a row or 95% of 2s, breaks 25ms to 25ms | 2 copies |
-//! | users | 10% of requests over 10s | opens at 50 failures in a row or 95% of 2s, breaks 25ms to 25ms | off |
-//!
-//! examples/grpc_service_config.json, each call's method config:
-//!   /grpc.testing.TestService/UnaryCall        retry: 4 attempts, backoff 100ms to 1s x2
-//!   /grpc.testing.TestService/StreamingCall    sent once
-//!   /grpc.testing.TestService/UnaryCallHedged  hedge: 4 copies, 500ms apart
-//!   /other.Service/Call                        sent once
-//!
-//! payments: 200 requests, the server failing its first 30: 170 ok, 4 retries, 23 refused by the budget, breaker closed at the end (13 calls refused)
-//! ```
+//! A6 service config in `examples/grpc_service_config.json` (both in the repository),
+//! prints each dependency's settings and each gRPC method's config, then drives the
+//! `payments` stack against a server on 127.0.0.1 that fails its first requests.
 //!
 //! The simulator reads the same file:
 //! `stormguard-sim fleet --config FILE [--dependency NAME]` adds a row per dependency next
-//! to `none` and the library defaults (docs/simulator.md in the repository describes the
-//! simulator).
-//! `cargo run --release -p stormguard-sim -- fleet --config examples/stormguard.toml`
-//! (1000 clients, total outage 20–30 s; hedging and per-method settings are not
-//! simulated, and a dependency's `retry_throttling` is simulated as its budget alone)
-//! printed, on commit 062978c (and the same rows, wall times aside, on that later commit):
-//!
-//! ```text
-//! fleet: 1000 clients (per-client budgets/breakers), 1000 req/s for 60 s, capacity 1500 req/s (queue 750), timeout 1s; Outage from 20 s for 10 s
-//!
-//! strategy               offered   attempts amp window amp total  ok window  ok after  recovery     events/s  wall s
-//! none                     60198      60198       1.00      1.00       0.0%    100.0%       0 s       1.32e7    0.01
-//! stormguard+breaker       60198      63275       1.30      1.05       0.1%    100.0%       0 s       6.85e6    0.03
-//! config:cache             60198      63275       1.30      1.05       0.1%    100.0%       0 s       9.49e6    0.02
-//! config:inventory         60198      63275       1.30      1.05       0.1%    100.0%       0 s       8.11e6    0.02
-//! config:payments          60198      62540       1.23      1.04       0.0%    100.0%       0 s       8.11e6    0.02
-//! config:search            60198      65159       1.49      1.08       0.2%    100.0%       0 s       7.90e6    0.02
-//! config:users             60198      63275       1.30      1.05       0.1%    100.0%       0 s       8.08e6    0.02
-//! peak requests in flight: 303
-//! ```
+//! to `none` and the library defaults (hedging and per-method settings are not simulated,
+//! and a dependency's `retry_throttling` is simulated as its budget alone); the simulator
+//! page of the guide (docs/simulator.md in the repository) describes it.
 
 use crate::load::LoadControl;
 use std::collections::BTreeMap;

@@ -53,33 +53,14 @@
 //! response's [`ResponseBody`] adds the pushback (and polls the stream in the inbound
 //! request's scope, so that outbound calls the stream makes count as the handler's).
 //!
-//! # Measured: three hops
+//! # Why a budget is not enough
 //!
-//! `cargo run --release --example layers` (user -> A -> B -> C on 127.0.0.1, C answering
-//! 503, 3 attempts at every hop, 200 user requests, 8 at a time) printed, for commit
-//! 1474e89 (on the code of its parent, 301fa6d: v0.3's budget):
-//!
-//! ```text
-//! | strategy | requests at C | per user request |
-//! |---|---|---|
-//! | naive | 5400 | 27.00 |
-//! | stormguard | 293 | 1.47 |
-//! | stormguard_signals | 226 | 1.13 |
-//! ```
-//!
-//! v0.2's budget, which charged every retry when granted and paced them, measured 1.03
-//! and 1.01. That is a regression against v0.2 and against the 1.1 the admission issue
-//! asked to keep (the admission by evidence is in docs/defaults.md in the repository):
-//! each hop's budget now charges only the retries of requests that end unserved, so the
-//! retries of the hop below that are still in flight when the hop above decides are not
-//! yet charged, and every hop spends its 10% plus its allowance. The signals take it to
-//! 1.13. With `--requests 8` (budgets with no traffic yet) the same run printed naive
-//! 27.00, stormguard 6.38 and stormguard_signals 2.38 requests at C per user request
-//! (v0.2: 27.00, 1.50 and 1.12): eight concurrent first requests at a brand-new client are
-//! each retried before any of them has ended. Holding a retry of room for each request
-//! already retrying brought the 8-request run to 2.00 and 1.25 but left the 200-request
-//! run at 1.38 and 1.14, and refused most of a new client's burst told to wait by
-//! `Retry-After`; it is not in the code.
+//! Each hop's budget bounds that hop alone. It charges the retries of requests that end
+//! unserved, so the retries still in flight below when a hop decides are not yet charged,
+//! and every hop of a chain spends its own 10% plus its allowance. The signals stop the
+//! product: a hop whose dependency gave up says so, and its callers do not retry it.
+//! `cargo run --release --example layers` in the repository compares naive retries,
+//! budgets alone and budgets with the signals on a chain of three hops whose last fails.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;

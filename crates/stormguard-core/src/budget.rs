@@ -715,7 +715,8 @@ impl Default for RetryBudgetBuilder {
     }
 }
 
-/// The pace v0.2 set by default; v0.3 sets none (see [`RetryBudgetBuilder::pace`]).
+/// A pace for [`RetryBudgetBuilder::pace`], for callers that want a rate bound on
+/// retries; a budget sets none by default.
 pub const DEFAULT_PACE: f64 = 0.5;
 
 /// What a failure that may have cost the server work for nobody (a timeout; not a reset,
@@ -774,9 +775,9 @@ impl RetryBudgetBuilder {
     }
 
     /// Retries granted in *every* window even with no deposits \[0\]: a clock-keyed
-    /// floor, as v0.2 had by default (1). A floor replaces the
+    /// floor. A floor replaces the
     /// [`allowance`](Self::allowance), and what leaves the window is forgotten,
-    /// savings and overdrafts alike, as in v0.2. Prefer the [`allowance`](Self::allowance),
+    /// savings and overdrafts alike. Prefer the [`allowance`](Self::allowance),
     /// which a fleet of new clients spends once: a floor per window lets a fleet of
     /// many small clients retry at many times its budget through a long outage.
     pub fn min_retries(mut self, retries: u32) -> Self {
@@ -795,14 +796,14 @@ impl RetryBudgetBuilder {
     /// retries are spent at most at `pace` times the recent rate of original requests
     /// (measured over the last bucket, a tenth of the window), with at most 100 ms of
     /// that rate at once, whatever the balance; `None` spends the balance as fast as
-    /// retries come, from 0.01 to 10 \[None; v0.2's default was [`DEFAULT_PACE`]\].
+    /// retries come, from 0.01 to 10 \[None; see [`DEFAULT_PACE`]\].
     ///
-    /// v0.2 paced by default because it charged every retry, so a budget that saved
-    /// 10% of ten healthy seconds spent it within a few hundred milliseconds of an
-    /// outage's onset. Charged for waste only, the savings are what lets a blip be
-    /// ridden out, and the pace mostly refused the retries that would have succeeded
-    /// (a burst of failures at a quiet client got two retries). It is kept for callers
-    /// that want a rate bound on retries whatever they achieve.
+    /// A budget that charged every retry would need a pace, or it would spend the
+    /// savings of a healthy stretch at an outage's onset. Charged for waste only, the
+    /// savings are what lets a blip be ridden out, and a pace mostly refuses the retries
+    /// that would have succeeded (a burst of failures at a quiet client gets few
+    /// retries). It is kept for callers that want a rate bound on retries whatever they
+    /// achieve.
     pub fn pace(mut self, pace: Option<f64>) -> Self {
         self.pace = pace;
         self
@@ -1408,7 +1409,7 @@ mod tests {
     }
 
     /// Threads hammer one budget while a fast fake clock crosses a bucket boundary every
-    /// thousand operations. Each operation is attributed the epochs between the `now` it
+    /// twenty operations. Each operation is attributed the epochs between the `now` it
     /// passed and the clock when it returned (the budget counts it in one of those, since
     /// its time never runs backwards). For every epoch `E` in which a retry was certainly
     /// granted, the retries certainly granted in the window ending at `E` may not exceed

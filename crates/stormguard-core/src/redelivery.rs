@@ -71,13 +71,9 @@
 //! permanent failures with the reason in headers
 //! (`Stormguard-Dead-Letter-Reason: permanent`,
 //! `Stormguard-Dead-Letter-Detail: permanent failure: 400 Bad Request`) before the message
-//! is terminated. 100 jobs, 20% permanently bad, 30% failing twice before they succeed,
-//! backoff base 50 ms; `cargo run --example nats_worker` printed, for commit add493d:
-//!
-//! ```text
-//! 100 jobs, 160 deliveries (60 handed back with a delay), 0 left in the queue
-//! 80 acked, 20 dead-lettered, 0 lost, 0 processed twice
-//! ```
+//! is terminated. `cargo run --example nats_worker` runs a mix of good jobs, permanently
+//! bad ones and ones that fail a few times before they succeed, and prints how many were
+//! acked, dead-lettered, lost or processed twice.
 //!
 //! `tests/nats.rs`, also in the repository (ignored unless asked for:
 //! `cargo test --all-features --test nats -- --ignored`), runs the same worker against a

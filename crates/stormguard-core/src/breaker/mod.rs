@@ -28,37 +28,34 @@
 //!   break lasts `break_duration` (default 25 ms); every failed probe doubles it, up to
 //!   `max_break_duration` (default: `break_duration`, so no doubling); a successful close
 //!   brings it back to the base.
-//!
-//! # Why these defaults
-//!
-//! They were chosen by measurement (the `storm` example's five scenarios over real
-//! sockets, and `stormguard-sim defaults`), not copied from peers. The earlier defaults
-//! (30 s window, ratio 0.5, 5 s break doubling to 60 s, as Hystrix and Polly use) lost
-//! every one: a 30 s window full of healthy calls needs seconds of failures to reach its
-//! ratio, and a 5 s break outlasts the outage it was meant to ride out (a 5 s outage
-//! became an 8 s one). The trade-offs, measured:
-//!
-//! - *Trip on a streak, not only a ratio.* A hundred failures in a row take a fifth of
-//!   a second at 500 calls/s when the dependency is down, and practically never happen
-//!   while 90% of calls fail at random (0.9^100 ≈ 3·10^-5 per call): a total outage
-//!   (or a brownout whose calls all time out) trips at once, a partial one does not, and
-//!   partial outages are where a breaker on every call sheds first tries that would have
-//!   succeeded (worse than not retrying at all: with a streak of 50 and a ratio of 0.8, a
-//!   90% partial outage gave 6.2% success against 10.5% without retries).
-//! - *A ratio of 0.95 over 2 s* is the backstop for clients too slow to make a streak
-//!   quickly; 0.95 stays clear of a 90% partial outage's noise.
-//! - *Short, constant breaks.* A break is the longest the client can be blind to the
-//!   dependency's return: with 25 ms, a probe every 25-30 ms finds it back within that,
-//!   and a probe is one fast-failing call, cheap next to the traffic it spares. Longer
-//!   or doubling breaks trade recovery time for fewer probes; choose them when probes are
-//!   expensive.
-//!   Each break is stretched by a random factor in `[1, 1 + jitter]` (default 0.2), so that
-//!   many clients which tripped together do not all probe again in the same instant.
 //! - **HalfOpen**: when the break is over (noticed lazily by the next call or query),
 //!   exactly `probes` (default 1) calls are let through, however many callers race for them;
 //!   the others are rejected. When all of them succeed the circuit closes with an empty
 //!   window; when one fails it opens again for a longer break.
 //! - **Isolated**: forced open by an operator until `reset()`.
+//!
+//! # Why these defaults
+//!
+//! They were chosen by measurement (the `storm` example's scenarios over real sockets,
+//! and `stormguard-sim defaults`), not copied from peers; the figures are in the defaults
+//! page of the guide (docs/defaults.md in the repository). A long window full of healthy
+//! calls needs seconds of failures to reach its ratio, and a long break outlasts the
+//! outage it was meant to ride out.
+//!
+//! - *Trip on a streak, not only a ratio.* 50 failures in a row come at once when the
+//!   dependency is down, and seldom while most calls fail at random: a total outage (or
+//!   a brownout whose calls all time out) trips at once, a partial one does not, and
+//!   partial outages are where a breaker on every call sheds first tries that would have
+//!   succeeded (worse than not retrying at all).
+//! - *A ratio of 0.95 over 2 s* is the backstop for clients too slow to make a streak
+//!   quickly; so high a ratio stays clear of a heavy partial outage's noise.
+//! - *Short, constant breaks.* A break is the longest the client can be blind to the
+//!   dependency's return: with 25 ms, a probe every break finds it back within that,
+//!   and a probe is one fast-failing call, cheap next to the traffic it spares. Longer
+//!   or doubling breaks trade recovery time for fewer probes; choose them when probes are
+//!   expensive. Each break is stretched by a random factor in `[1, 1 + jitter]` (default
+//!   0.2), so that many clients which tripped together do not all probe again in the
+//!   same instant.
 //!
 //! Outcomes are [`Outcome::Success`], [`Outcome::Failure`] or [`Outcome::Ignored`]; an
 //! ignored outcome (say an HTTP 404, the caller's own fault) is not counted at all, so
@@ -254,8 +251,8 @@ pub struct Rejected {
 
 /// How long a circuit may be away from Closed before the calls it refuses fail at once
 /// (the fail-fast horizon): the retry layer rides out a refusal younger than this with
-/// a backlog wait ([`backlog_wait`]), and fails an older one with `CircuitOpen` after at
-/// most the one short wait for a break's probe ([`probe_wait`]).
+/// a backlog wait (spread over up to four times the circuit's age), and fails an older
+/// one with `CircuitOpen` after at most one short wait for a break's probe.
 ///
 /// Why 500 ms: a blip (a restart, a leader election, a full GC; the storm's blips last
 /// 300 ms) is over within it, so its calls are still ridden out; past it, waiting is
