@@ -329,12 +329,12 @@ pub fn candidates(attempts: u32) -> Result<Vec<(String, Strategy)>, String> {
     };
     add("budget only (defaults)", None, Some(BreakerMode::Off));
     add(
-        "budget only, v0.2's 1/window + pace",
+        "budget only, 1/window floor + pace",
         Some(budget(1, Some(0.5))),
         Some(BreakerMode::Off),
     );
     add(
-        "budget only, 1/s floor, unpaced (old)",
+        "budget only, 1/s floor, unpaced",
         Some(budget(10, None)),
         Some(BreakerMode::Off),
     );
@@ -345,7 +345,7 @@ pub fn candidates(attempts: u32) -> Result<Vec<(String, Strategy)>, String> {
     );
     add("defaults: 2s/0.95/50 in a row/25ms", None, None);
     add(
-        "0.2.0's 2s/0.95/100 in a row/25ms",
+        "2s/0.95/100 in a row/25ms",
         None,
         Some(BreakerMode::AllCalls(breaker(
             2,
@@ -362,7 +362,7 @@ pub fn candidates(attempts: u32) -> Result<Vec<(String, Strategy)>, String> {
         Some(BreakerMode::AllCalls(breaker(2, 0.8, Some(50), 25, 25, 1)?)),
     );
     add(
-        "old breaker: 30s/0.5/5s..60s",
+        "30s/0.5/5s..60s breaker",
         None,
         Some(BreakerMode::AllCalls(breaker(
             30, 0.5, None, 5000, 60_000, 1,
