@@ -122,6 +122,18 @@ async fn example_file_builds_each_dependency_as_written() -> Result<(), BoxError
     assert_eq!(breaker.config().consecutive_failures(), Some(50));
     assert_eq!(breaker.config().break_duration(), 25 * MS);
     assert!(payments.hedge.is_none());
+    let load = payments.load.as_ref().expect("payments has a load control");
+    assert_eq!(load.name(), "payments");
+    let limit = load.limit().config();
+    assert_eq!((limit.initial(), limit.min(), limit.max()), (32, 4, 64));
+    assert_eq!(limit.max_wait(), 50 * MS);
+    assert_eq!(
+        load.limit().limit(),
+        32,
+        "a new control starts at its initial limit"
+    );
+    let search_load = config.dependency("search")?.load.expect("on by default");
+    assert_eq!(search_load.limit().config().max(), 1000);
     assert!(config.dependency("cache")?.breaker.is_none());
     let search = config.dependency("search")?;
     assert_eq!(search.hedge.as_ref().map(|h| h.max_attempts()), Some(2));
