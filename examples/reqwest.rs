@@ -12,8 +12,8 @@
 //! - `reqwest`: reqwest 0.13's defaults (its retries cover protocol refusals only);
 //! - `reqwest retry`: reqwest's own retry policy told to retry a 503 (`classify_fn`),
 //!   with its default budget (20% extra load) and no backoff;
-//! - `stormguard`: [`StormguardMiddleware`] with the default policy and breaker, and
-//!   reqwest's retries off.
+//! - `stormguard`: [`StormguardMiddleware`] with the default policy, load control and
+//!   breaker, and reqwest's retries off.
 //!
 //! It prints one row per client and failure: the requests served, and the attempts the
 //! server saw.
@@ -27,7 +27,7 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use stormguard::reqwest::StormguardMiddleware;
-use stormguard::{BoxError, CircuitBreaker, RetryPolicy};
+use stormguard::{BoxError, CircuitBreaker, LoadControl, RetryPolicy};
 use tokio::net::TcpListener;
 
 const REQUESTS: u64 = 400;
@@ -121,6 +121,7 @@ async fn main() -> Result<(), BoxError> {
             }
             _ => {
                 let middleware = StormguardMiddleware::new(RetryPolicy::builder().seed(1).build()?)
+                    .with_load_control(LoadControl::default())
                     .with_breaker(CircuitBreaker::builder().seed(1).build()?);
                 let plain = reqwest::Client::builder()
                     .retry(reqwest::retry::never())

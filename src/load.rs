@@ -27,7 +27,8 @@
 //!
 //! The [standard stack](crate::stack) puts it between the retry layer and the breaker,
 //! so that a shed call is never counted by the breaker as the dependency's failure, and
-//! the attempt timeout below it is what it reads as a timeout:
+//! the attempt timeout below it is what it reads as a timeout (the reqwest middleware
+//! does the same with `StormguardMiddleware::with_load_control`, feature `reqwest`):
 //!
 //! ```
 //! # async fn run() -> Result<(), stormguard::BoxError> {
@@ -170,6 +171,46 @@ impl LoadControl {
             shed: self.shared.shed.load(Ordering::Relaxed),
             waited: self.shared.waited.load(Ordering::Relaxed),
             floor: self.limit.floor(),
+        }
+    }
+
+    /// A place for one call, after a wait for room of up to `max_wait`, or the call
+    /// shed: the reqwest middleware's way in, which drives one call at a time (the
+    /// tower service's future does the same without a task of its own).
+    #[cfg(feature = "reqwest")]
+    pub(crate) async fn enter(&self) -> Result<Place, Shed> {
+        let full = match self.limit.try_acquire(now()) {
+            Ok(permit) => return Ok(self.place(permit)),
+            Err(full) => full,
+        };
+        let wait = self.limit.config().max_wait();
+        if wait.is_zero() {
+            return Err(self.shed(full));
+        }
+        self.shared.waited.fetch_add(1, Ordering::Relaxed);
+        // Counted before it looks for room again: see `Place`'s drop.
+        let _waiting = Waiting::count(&self.shared);
+        let mut deadline = Box::pin(tokio::time::sleep(wait));
+        loop {
+            // Registered before it looks, so that a place given back in between wakes it.
+            let mut room = registered(&self.shared.room);
+            let full = match self.limit.try_acquire(now()) {
+                Ok(permit) => return Ok(self.place(permit)),
+                Err(full) => full,
+            };
+            let woken = std::future::poll_fn(|cx| {
+                if room.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(true);
+                }
+                deadline.as_mut().poll(cx).map(|()| false)
+            })
+            .await;
+            if !woken {
+                return match self.limit.try_acquire(now()) {
+                    Ok(permit) => Ok(self.place(permit)),
+                    Err(_) => Err(self.shed(full)),
+                };
+            }
         }
     }
 
@@ -365,14 +406,35 @@ fn registered(room: &Arc<Notify>) -> Pin<Box<OwnedNotified>> {
     notified
 }
 
+/// A call counted as waiting for room while this lives.
+#[cfg(feature = "reqwest")]
+struct Waiting(Arc<Shared>);
+
+#[cfg(feature = "reqwest")]
+impl Waiting {
+    fn count(shared: &Arc<Shared>) -> Self {
+        shared.waiting.fetch_add(1, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        Waiting(shared.clone())
+    }
+}
+
+#[cfg(feature = "reqwest")]
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.0.waiting.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// A call's place: gives it back, and wakes a call waiting for room, when dropped.
-struct Place {
+pub(crate) struct Place {
     permit: Option<LimitPermit>,
     shared: Arc<Shared>,
 }
 
 impl Place {
-    fn complete(mut self, load: Load) {
+    /// Gives the place back with what the call's outcome says of the load.
+    pub(crate) fn complete(mut self, load: Load) {
         if let Some(permit) = self.permit.take() {
             permit.complete(load, now());
         }

@@ -1,10 +1,12 @@
-//! Feature `reqwest`: the retry policy and the circuit breaker for a [`reqwest`] client,
-//! as a [`reqwest_middleware`] middleware.
+//! Feature `reqwest`: the retry policy, the load control and the circuit breaker for a
+//! [`reqwest`] client, as a [`reqwest_middleware`] middleware.
 //!
 //! reqwest's `Client` serves `reqwest::Request`, not `http::Request`, so the tower
 //! layers cannot wrap it; [`StormguardMiddleware`] makes the same decisions in
 //! `reqwest_middleware`'s chain, with the same [`RetryPolicy`] (its budget, its stats,
-//! its metrics names) and the same [`CircuitBreaker`]: one implementation, which the
+//! its metrics names), the same [`LoadControl`] and the same [`CircuitBreaker`], in the
+//! standard stack's order (retry, then load control, then breaker, for each attempt):
+//! one implementation, which the
 //! middleware drives with a copy of each request's head (method, URL, headers, and the
 //! [`Idempotent`], [`NoRetry`] and [`Deadline`] extensions given with
 //! `RequestBuilder::with_extension`).
@@ -12,7 +14,7 @@
 //! ```no_run
 //! # async fn run() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
 //! use stormguard::reqwest::StormguardMiddleware;
-//! use stormguard::{CircuitBreaker, RetryPolicy};
+//! use stormguard::{CircuitBreaker, LoadControl, RetryPolicy};
 //!
 //! let client = reqwest_middleware::ClientBuilder::new(
 //!     // stormguard retries the protocol's refusals itself (transparently, once): turn
@@ -23,6 +25,7 @@
 //! )
 //! .with(
 //!     StormguardMiddleware::new(RetryPolicy::builder().name("payments").build()?)
+//!         .with_load_control(LoadControl::builder().name("payments").build()?)
 //!         .with_breaker(CircuitBreaker::builder().name("payments").build()?),
 //! )
 //! .build();
@@ -38,6 +41,10 @@
 //!   is retried only when the failure proves it was never processed, or with an
 //!   `Idempotency-Key` or the [`Idempotent`] extension), `Retry-After`, the deadline,
 //!   the budget, and transparent retries of requests reqwest reports as never sent;
+//! - the load control, when given, keeps the attempts in flight within its adaptive
+//!   limit: an attempt past it waits for room up to its `max_wait`, then fails
+//!   unsent and is not retried (the caller's error is a
+//!   `reqwest_middleware::Error::Middleware` holding a [`Shed`]);
 //! - the breaker, when given, counts every attempt and refuses while open (the
 //!   caller's error is then a `reqwest_middleware::Error::Middleware` holding a
 //!   [`CircuitOpen`]);
@@ -84,31 +91,47 @@ use http::Extensions;
 use reqwest_middleware::{Error, Next, Result};
 use tower::retry::Policy as _;
 
+use stormguard_core::limit::Load;
+
 use crate::body::ReplayHandle;
 use crate::breaker::CircuitBreaker;
+use crate::error_class::is_timeout;
+use crate::load::LoadControl;
 use crate::retry::{Attempts, Idempotent, NoRetry, RetryPolicy};
-use crate::{BoxError, CircuitOpen, Deadline};
+use crate::{BoxError, CircuitOpen, Deadline, Shed};
 
 /// A `reqwest_middleware` middleware that retries with a [`RetryPolicy`] and, if given
-/// one, counts and refuses calls with a [`CircuitBreaker`]; see the [module docs](self).
+/// them, limits the attempts in flight with a [`LoadControl`] and counts and refuses
+/// them with a [`CircuitBreaker`]; see the [module docs](self).
 ///
 /// # Clone
 ///
-/// Clones share the policy's budget and counters and the breaker's circuit, as the
-/// tower layers' clones do.
+/// Clones share the policy's budget and counters, the load control's limit and the
+/// breaker's circuit, as the tower layers' clones do.
 #[derive(Debug, Clone)]
 pub struct StormguardMiddleware {
     policy: RetryPolicy,
+    load: Option<LoadControl>,
     breaker: Option<CircuitBreaker>,
 }
 
 impl StormguardMiddleware {
-    /// Retries with `policy`; no breaker.
+    /// Retries with `policy`; no load control, no breaker.
     pub fn new(policy: RetryPolicy) -> Self {
         StormguardMiddleware {
             policy,
+            load: None,
             breaker: None,
         }
+    }
+
+    /// Keeps the attempts in flight within `control`'s limit, as the standard stack
+    /// does: an attempt past it waits for room, up to the control's `max_wait`, and is
+    /// then shed, never sent and not retried. Share one control (by `Clone`) among the
+    /// clients of one dependency.
+    pub fn with_load_control(mut self, control: LoadControl) -> Self {
+        self.load = Some(control);
+        self
     }
 
     /// Counts every attempt with `breaker`, and refuses while its circuit is open.
@@ -124,6 +147,7 @@ impl StormguardMiddleware {
     pub fn from_dependency(dependency: &crate::config::Dependency) -> Self {
         StormguardMiddleware {
             policy: dependency.retry.clone(),
+            load: dependency.load.clone(),
             breaker: dependency.breaker.clone(),
         }
     }
@@ -131,6 +155,12 @@ impl StormguardMiddleware {
     /// The retry policy: its [`stats`](RetryPolicy::stats) and budget.
     pub fn policy(&self) -> &RetryPolicy {
         &self.policy
+    }
+
+    /// The load control, if there is one: its limit and its
+    /// [`stats`](LoadControl::stats).
+    pub fn load_control(&self) -> Option<&LoadControl> {
+        self.load.as_ref()
     }
 
     /// The breaker, if there is one.
@@ -195,9 +225,34 @@ impl StormguardMiddleware {
         }
     }
 
-    /// One attempt through the breaker, if there is one; errors boxed, as the policy
-    /// and the breaker read them.
+    /// One attempt through the load control and the breaker, those there are; errors
+    /// boxed, as the policy and the breaker read them.
     async fn attempt(
+        &self,
+        req: reqwest::Request,
+        extensions: &mut Extensions,
+        next: Next<'_>,
+    ) -> std::result::Result<reqwest::Response, BoxError> {
+        let Some(load) = &self.load else {
+            return self.breaker_attempt(req, extensions, next).await;
+        };
+        // Dropped unfinished (the caller gave up), the place is given back unsampled.
+        let place = load
+            .enter()
+            .await
+            .map_err(|shed| Box::new(shed) as BoxError)?;
+        let result = self.breaker_attempt(req, extensions, next).await;
+        place.complete(match &result {
+            Ok(response) => Load::of_response(response.status(), response.headers()),
+            Err(err) if is_timeout(err) => Load::Overloaded,
+            // A connection error, an open circuit: not load.
+            Err(_) => Load::Unrelated,
+        });
+        result
+    }
+
+    /// One attempt through the breaker, if there is one.
+    async fn breaker_attempt(
         &self,
         req: reqwest::Request,
         extensions: &mut Extensions,
@@ -292,8 +347,12 @@ fn unbox(err: BoxError) -> Error {
         Ok(err) => return Error::Reqwest(*err),
         Err(err) => err,
     };
-    match err.downcast::<CircuitOpen>() {
-        Ok(open) => Error::middleware(*open),
+    let err = match err.downcast::<CircuitOpen>() {
+        Ok(open) => return Error::middleware(*open),
+        Err(err) => err,
+    };
+    match err.downcast::<Shed>() {
+        Ok(shed) => Error::middleware(*shed),
         Err(err) => Error::middleware(Other(err)),
     }
 }

@@ -12,7 +12,10 @@ use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
 use stormguard::reqwest::StormguardMiddleware;
-use stormguard::{Attempts, CircuitBreaker, CircuitOpen, RetryBudget, RetryPolicy};
+use stormguard::{
+    Attempts, CircuitBreaker, CircuitOpen, LoadControl, RetryBudget, RetryPolicy, Shed,
+};
+use tokio::sync::Semaphore;
 
 #[path = "support/server.rs"]
 mod server;
@@ -235,4 +238,107 @@ async fn the_breaker_opens_and_fails_fast() {
         other => panic!("not the breaker's refusal: {other:?}"),
     }
     assert_eq!(calls.load(Ordering::SeqCst), 3);
+}
+
+/// A server on 127.0.0.1:0 that holds every request until the test adds a permit to
+/// `gate`; the requests it took.
+async fn gated(gate: Arc<Semaphore>) -> (String, Arc<AtomicU32>) {
+    let calls = Arc::new(AtomicU32::new(0));
+    let seen = calls.clone();
+    let addr = server::serve(move || {
+        let (calls, gate) = (calls.clone(), gate.clone());
+        hyper::service::service_fn(move |_req: http::Request<Incoming>| {
+            calls.fetch_add(1, Ordering::SeqCst);
+            let gate = gate.clone();
+            async move {
+                if let Ok(permit) = gate.acquire().await {
+                    permit.forget();
+                }
+                Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from_static(b"ok"))))
+            }
+        })
+    })
+    .await;
+    (format!("http://{addr}/items"), seen)
+}
+
+/// Waits (at most 10 s, a millisecond at a time) until `done` holds.
+async fn until(done: impl Fn() -> bool) {
+    let waited = tokio::time::timeout(Duration::from_secs(10), async {
+        while !done() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await;
+    assert!(waited.is_ok(), "not reached within 10 s");
+}
+
+/// A load control with room for one call in flight, waiting up to `max_wait` for room.
+fn one_place(max_wait: Duration) -> LoadControl {
+    LoadControl::builder()
+        .name("items")
+        .initial(1)
+        .min(1)
+        .max(1)
+        .max_wait(max_wait)
+        .build()
+        .expect("load control")
+}
+
+// Real time: the calls wait for each other, not for a clock (the one timer, a wait of
+// 30 s for room, is never reached).
+#[tokio::test]
+async fn a_call_past_the_load_limit_is_shed_unsent_and_not_retried() {
+    let gate = Arc::new(Semaphore::new(0));
+    let (url, calls) = gated(gate.clone()).await;
+    let load = one_place(Duration::ZERO);
+    let client = client(
+        StormguardMiddleware::new(policy()).with_load_control(load.clone()),
+        None,
+    );
+    let first = tokio::spawn(client.get(&url).send());
+    until(|| calls.load(Ordering::SeqCst) == 1).await;
+    // The one place is taken: a GET, which the policy would retry, fails at once.
+    let err = client.get(&url).send().await.expect_err("shed");
+    match &err {
+        reqwest_middleware::Error::Middleware(err) => {
+            assert!(err.downcast_ref::<Shed>().is_some(), "{err:?}")
+        }
+        other => panic!("not the load control's refusal: {other:?}"),
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "the shed call was sent");
+    gate.add_permits(2);
+    let response = first.await.expect("task").expect("a response");
+    assert_eq!(response.status(), 200);
+    // Room again: the next call goes.
+    let response = client.get(&url).send().await.expect("a response");
+    assert_eq!(response.status(), 200);
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    let stats = load.stats();
+    assert_eq!((stats.shed, stats.in_flight), (1, 0));
+}
+
+#[tokio::test]
+async fn a_call_past_the_load_limit_waits_for_room() {
+    let gate = Arc::new(Semaphore::new(0));
+    let (url, calls) = gated(gate.clone()).await;
+    let load = one_place(Duration::from_secs(30));
+    let client = client(
+        StormguardMiddleware::new(policy()).with_load_control(load.clone()),
+        None,
+    );
+    let first = tokio::spawn(client.post(&url).body("1").send());
+    until(|| calls.load(Ordering::SeqCst) == 1).await;
+    let second = tokio::spawn(client.post(&url).body("2").send());
+    until(|| load.stats().waited == 1).await;
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "sent past the limit");
+    // The first answered, its place goes to the waiting call.
+    gate.add_permits(2);
+    for call in [first, second] {
+        let response = call.await.expect("task").expect("a response");
+        assert_eq!(response.status(), 200);
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    let stats = load.stats();
+    assert_eq!((stats.shed, stats.in_flight), (0, 0));
 }
