@@ -86,6 +86,11 @@ async fn the_series_reach_a_real_exporter() {
         "{scrape}"
     );
     assert!(value(&scrape, "circuit_breaker_state", &[dependency]).is_some());
+    // The burst past the load control's one place: the calls it shed are counted.
+    assert!(
+        value(&scrape, "load_control_shed_total", &[service]) >= Some(1.0),
+        "{scrape}"
+    );
     // Every series the Prometheus rules' unit tests feed in is one the example exports,
     // name and labels: renaming either breaks this test, not only the dashboards.
     let tests = include_str!("../contrib/prometheus/stormguard-rules.test.yml");
@@ -155,7 +160,7 @@ fn exprs(dashboard: &serde_json::Value) -> Vec<String> {
 }
 
 /// The stormguard series an expression names (`retry_...`, `hedge_...`,
-/// `circuit_breaker_...`), each with the label keys of the selector right after it.
+/// `circuit_breaker_...`, `load_control_...`), each with the label keys of the selector right after it.
 fn selectors(expr: &str) -> Vec<(String, Vec<String>)> {
     let is_name = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == ':';
     let mut out = Vec::new();
@@ -167,7 +172,7 @@ fn selectors(expr: &str) -> Vec<(String, Vec<String>)> {
         // Skip quoted strings' contents: a word inside "..." is a value, not a name.
         let quoted = rest[..start].matches('"').count() % 2 == 1;
         if !quoted
-            && ["retry_", "hedge_", "circuit_breaker_"]
+            && ["retry_", "hedge_", "circuit_breaker_", "load_control_"]
                 .iter()
                 .any(|p| name.starts_with(p))
         {

@@ -1,6 +1,7 @@
 //! The metrics demo, shared by `examples/metrics` and `tests/metrics.rs`: a dependency on
-//! 127.0.0.1 that fails its first 40 requests, a client stack named "payments", and a
-//! `/metrics` endpoint rendering the Prometheus recorder, scraped over HTTP.
+//! 127.0.0.1 that fails its first 40 requests, a client stack named "payments", a burst
+//! past a load control's limit, and a `/metrics` endpoint rendering the Prometheus
+//! recorder, scraped over HTTP.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -16,7 +17,10 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
-use stormguard::{Backoff, CircuitBreaker, CircuitBreakerLayer, Jitter, RetryLayer, RetryPolicy};
+use stormguard::{
+    Backoff, CircuitBreaker, CircuitBreakerLayer, Jitter, LoadControl, LoadControlLayer,
+    RetryLayer, RetryPolicy,
+};
 use tokio::net::TcpListener;
 use tower::{BoxError, ServiceBuilder, ServiceExt};
 
@@ -25,6 +29,9 @@ use tower::{BoxError, ServiceBuilder, ServiceExt};
 pub(crate) const OUTAGE_REQUESTS: u32 = 40;
 /// Requests the demo sends, one after another, 5 ms apart.
 pub(crate) const REQUESTS: u32 = 200;
+/// Calls sent at once, at the end, to a "payments" load control that allows one in
+/// flight and no wait: all but the first are shed.
+pub(crate) const BURST: u32 = 4;
 
 /// Serves every connection accepted on 127.0.0.1:0 with `answer`; returns the address.
 async fn serve<F>(answer: F) -> Result<SocketAddr, BoxError>
@@ -105,6 +112,34 @@ pub(crate) async fn drive() -> Result<(), BoxError> {
             let _ = res.into_body().collect().await;
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    burst().await
+}
+
+/// `BURST` calls at once through a load control that allows one call in flight and no
+/// wait for room, over a dependency taking 50 ms a call: the first is sent, the others
+/// shed (`load_control_shed_total`).
+async fn burst() -> Result<(), BoxError> {
+    let control = LoadControl::builder()
+        .name("payments")
+        .initial(1)
+        .min(1)
+        .max(1)
+        .max_wait(Duration::ZERO)
+        .build()?;
+    let slow = tower::service_fn(|_: Request<()>| async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        Ok::<_, BoxError>(Response::new(()))
+    });
+    let limited = ServiceBuilder::new()
+        .layer(LoadControlLayer::new(control))
+        .service(slow);
+    let calls: Vec<_> = (0..BURST)
+        .map(|_| tokio::spawn(limited.clone().oneshot(Request::new(()))))
+        .collect();
+    for call in calls {
+        // Shed calls are the point: what they do to the series.
+        let _ = call.await?;
     }
     Ok(())
 }
