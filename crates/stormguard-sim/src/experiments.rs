@@ -129,6 +129,9 @@ pub struct FleetRow {
     pub success_after: f64,
     /// Seconds after the window until success is back to 95% of before and stays.
     pub recovery: Option<f64>,
+    /// The successes completed in the window, as a share of what the server's capacity
+    /// could serve in it (the window's capacity under a brownout).
+    pub goodput_window: f64,
 }
 
 impl FleetRow {
@@ -142,15 +145,28 @@ impl FleetRow {
             success_window: report.success(tl.start, end),
             success_after: report.success(end, cfg.seconds),
             recovery: report.recovery(tl.start, end, cfg.seconds, 0.95),
+            goodput_window: report.goodput(tl.start, end) / window_capacity(cfg),
             report,
         }
     }
 }
 
+/// Requests the server's capacity could serve in the incident window of `cfg` (at the
+/// brownout's capacity during one).
+fn window_capacity(cfg: &FleetConfig) -> f64 {
+    let tl = cfg.timeline;
+    let seconds = (tl.end().min(cfg.seconds) - tl.start).max(0.0);
+    let factor = match tl.scenario {
+        Scenario::Brownout(f) => f,
+        _ => 1.0,
+    };
+    cfg.capacity() * factor * seconds
+}
+
 /// The fleet table.
 pub fn fleet_table(rows: &[FleetRow]) -> String {
     let mut s = format!(
-        "{:<20}{:>10}{:>11}{:>11}{:>10}{:>11}{:>10}{:>10}{:>13}{:>8}\n",
+        "{:<20}{:>10}{:>11}{:>11}{:>10}{:>11}{:>10}{:>10}{:>10}{:>8}{:>13}{:>8}\n",
         "strategy",
         "offered",
         "attempts",
@@ -158,7 +174,9 @@ pub fn fleet_table(rows: &[FleetRow]) -> String {
         "amp total",
         "ok window",
         "ok after",
+        "goodput",
         "recovery",
+        "shed",
         "events/s",
         "wall s"
     );
@@ -166,7 +184,7 @@ pub fn fleet_table(rows: &[FleetRow]) -> String {
         let rec = seconds_or(r.recovery, "never");
         let _ = writeln!(
             s,
-            "{:<20}{:>10}{:>11}{:>11.2}{:>10.2}{:>10.1}%{:>9.1}%{:>10}{:>13}{:>8.2}",
+            "{:<20}{:>10}{:>11}{:>11.2}{:>10.2}{:>10.1}%{:>9.1}%{:>9.1}%{:>10}{:>8}{:>13}{:>8.2}",
             r.report.strategy,
             r.report.offered,
             r.report.attempts,
@@ -174,7 +192,9 @@ pub fn fleet_table(rows: &[FleetRow]) -> String {
             r.amp_total,
             r.success_window * 100.0,
             r.success_after * 100.0,
+            r.goodput_window * 100.0,
             rec,
+            r.report.shed,
             format!("{:.2e}", r.report.events_per_sec()),
             r.report.wall.as_secs_f64(),
         );
@@ -188,7 +208,7 @@ pub fn fleet_json(rows: &[FleetRow]) -> String {
         .iter()
         .map(|r| {
             format!(
-                "{{\"strategy\":\"{}\",\"offered\":{},\"attempts\":{},\"succeeded\":{},\"failed\":{},\"timeouts\":{},\"rejected\":{},\"amplification_window\":{},\"amplification_total\":{},\"success_window\":{},\"success_after\":{},\"recovery_s\":{},\"events\":{},\"events_per_sec\":{}}}",
+                "{{\"strategy\":\"{}\",\"offered\":{},\"attempts\":{},\"succeeded\":{},\"failed\":{},\"timeouts\":{},\"rejected\":{},\"shed\":{},\"amplification_window\":{},\"amplification_total\":{},\"success_window\":{},\"success_after\":{},\"recovery_s\":{},\"events\":{},\"events_per_sec\":{}}}",
                 r.report.strategy,
                 r.report.offered,
                 r.report.attempts,
@@ -196,6 +216,7 @@ pub fn fleet_json(rows: &[FleetRow]) -> String {
                 r.report.failed,
                 r.report.timeouts,
                 r.report.rejected,
+                r.report.shed,
                 num(r.amp_window),
                 num(r.amp_total),
                 num(r.success_window),

@@ -3,6 +3,7 @@
 //! It drives the same decision code the middleware uses (`stormguard-core`'s
 //! [`Backoff`](stormguard_core::Backoff) schedules, [`RetryBudget`](stormguard_core::RetryBudget),
 //! [`RetryThrottle`](stormguard_core::throttle::RetryThrottle), the
+//! [`LoadLimit`](stormguard_core::limit::LoadLimit), the
 //! [`Breaker`](stormguard_core::breaker::Breaker) state machine and response
 //! [classification](stormguard_core::classify)) for up to 10^5 clients, seconds of fleet
 //! time in milliseconds of wall time, with no tokio and no sleeping. Every run is a pure

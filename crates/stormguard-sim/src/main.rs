@@ -37,15 +37,17 @@ flags:
   --runs R            jitter: runs averaged per point (100)
   --attempts N        attempts per request, the first included (3)
   --strategy A,B      strategies to run (fleet/metastable); names: see below
-  --scenario K        fleet: healthy | outage | partial | brownout | spike (outage)
+  --scenario K        fleet: healthy | outage | partial | brownout | spike | overload (outage)
   --fail-ratio P      partial: share of attempts failing (0.6)
   --capacity F        brownout: capacity factor; metastable: brownout factor (0.5)
   --latency-ms L      spike: added latency (2000)
+  --demand F          overload: the offered load's factor in the window (3)
   --start S           incident start, seconds (fleet: seconds/3; metastable: 10)
   --duration D        incident length, seconds (fleet: seconds/6; metastable: 10)
   --rate R            fleet: original requests/s of the whole fleet (1 per client)
   --timeout-ms MS     per-attempt timeout (1000)
-  --shared            one budget and breaker for the whole fleet (default: one per client)
+  --shared            one budget, load control and breaker for the whole fleet (default:
+                      one per client)
   --drop-expired      the server drops queued work whose caller timed out
   --config FILE       fleet: also a row per dependency of a stormguard config file
                       (TOML, or JSON when FILE ends in .json), named config:NAME
@@ -99,6 +101,7 @@ struct Opts {
     scenario: Option<String>,
     fail_ratio: f64,
     capacity: f64,
+    demand: f64,
     latency_ms: u64,
     start: Option<f64>,
     duration: Option<f64>,
@@ -119,6 +122,7 @@ impl Opts {
             attempts: 3,
             fail_ratio: 0.6,
             capacity: 0.5,
+            demand: 3.0,
             latency_ms: 2000,
             timeout_ms: 1000,
             progress: true,
@@ -158,14 +162,17 @@ impl Opts {
                 }
                 "--scenario" => {
                     let v = value(arg)?;
-                    if !["healthy", "outage", "partial", "brownout", "spike"].contains(&v.as_str())
-                    {
+                    let known = [
+                        "healthy", "outage", "partial", "brownout", "spike", "overload",
+                    ];
+                    if !known.contains(&v.as_str()) {
                         return Err(format!("--scenario: unknown scenario {v:?}"));
                     }
                     o.scenario = Some(v);
                 }
                 "--fail-ratio" => o.fail_ratio = num(arg, &value(arg)?, 0.0, 1.0)?,
                 "--capacity" => o.capacity = num(arg, &value(arg)?, 0.001, 1.0)?,
+                "--demand" => o.demand = num(arg, &value(arg)?, 1.0, 1000.0)?,
                 "--latency-ms" => o.latency_ms = num(arg, &value(arg)?, 0.0, 1e9)? as u64,
                 "--start" => o.start = Some(num(arg, &value(arg)?, 0.0, 1e6)?),
                 "--duration" => o.duration = Some(num(arg, &value(arg)?, 0.0, 1e6)?),
@@ -501,6 +508,7 @@ fn cmd_fleet(o: &Opts) -> Result<(), String> {
         "healthy" => Scenario::Healthy,
         "partial" => Scenario::Partial(o.fail_ratio),
         "brownout" => Scenario::Brownout(o.capacity),
+        "overload" => Scenario::Overload(o.demand),
         "spike" => Scenario::LatencySpike(Duration::from_millis(o.latency_ms)),
         _ => Scenario::Outage,
     };

@@ -21,7 +21,17 @@
 //! `start` and `start + duration`: an outage answers every attempt with a fast 503; a
 //! partial failure answers a share `p` of attempts with a fast 500; a brownout divides
 //! capacity by `1/f` (service times are stretched); a latency spike delays every
-//! response by a fixed amount without occupying a worker.
+//! response by a fixed amount without occupying a worker; an overload multiplies the
+//! clients' rate by `f`.
+//!
+//! # Load control
+//!
+//! A strategy with a load control (`standard`) gives each client state a
+//! `stormguard_core::limit::LoadLimit`, consulted before the breaker as in the standard
+//! stack. An attempt past the limit waits for room up to the limit's `max_wait`; a place
+//! given back goes to the newest waiter (LIFO); a wait that runs out sheds the attempt,
+//! which is never sent and ends its request (the retry machine's `Attempt::Shed`). A
+//! served answer is the limit's sample, a timeout its overload signal, a 5xx neither.
 //!
 //! # Memory
 //!
@@ -37,6 +47,7 @@ use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 use stormguard_core::breaker::{CircuitState, Outcome, Permit};
 use stormguard_core::classify::Rules;
+use stormguard_core::limit::{LimitPermit, Load};
 use stormguard_core::retry::{self, Decision, Env, Refusal, RequestRetry};
 use stormguard_core::{Backoff, Class, Schedule};
 
@@ -61,6 +72,9 @@ pub enum Scenario {
     Brownout(f64),
     /// Every response is delayed by this much.
     LatencySpike(Duration),
+    /// The clients offer `f` times their rate (f >= 1): demand past capacity, nothing
+    /// failing.
+    Overload(f64),
 }
 
 /// When the [`Scenario`] applies.
@@ -170,6 +184,9 @@ pub struct FleetReport {
     pub timeouts: u64,
     /// Attempts refused by an open circuit (never sent).
     pub rejected: u64,
+    /// Attempts the load control shed after their wait for room (never sent, and their
+    /// requests not retried).
+    pub shed: u64,
     /// Per virtual second: original requests that arrived.
     pub offered_per_s: Vec<u64>,
     /// Per second: of those, how many succeeded (by arrival second).
@@ -207,6 +224,11 @@ impl FleetReport {
             Self::sum(&self.ok_by_arrival, from, to),
             Self::sum(&self.offered_per_s, from, to),
         )
+    }
+
+    /// Successful responses completed between `from` and `to` (whole seconds).
+    pub fn goodput(&self, from: f64, to: f64) -> f64 {
+        Self::sum(&self.goodput_per_s, from, to) as f64
     }
 
     /// Seconds after `end` until the success ratio of arriving requests is back to at
@@ -254,6 +276,11 @@ enum Kind {
     Response(u32, u32, u16),
     /// Request id makes its next attempt.
     Retry(u32),
+    /// A place of client state `.0`'s load control was given back: the newest call
+    /// waiting for room there tries again.
+    Room(u32),
+    /// Request `.0`'s wait for room (token `.1`) is over: shed, unless it found room.
+    WaitOver(u32, u64),
 }
 
 #[derive(Debug)]
@@ -269,6 +296,8 @@ struct Request {
     /// stormguard's: see [`Fleet::machine`]).
     retry: RequestRetry,
     live: bool,
+    /// The token of its wait for room under the load control (0: not waiting).
+    waiting: u64,
 }
 
 #[derive(Debug)]
@@ -277,6 +306,8 @@ struct Attempt {
     gen: u32,
     outstanding: bool,
     permit: Option<Permit>,
+    /// Its place under the load control.
+    place: Option<LimitPermit>,
 }
 
 /// One simulation run. Build with [`Fleet::new`], run with [`Fleet::run`].
@@ -305,6 +336,13 @@ pub struct Fleet {
     busy: u32,
     queue: VecDeque<(u32, u32)>,
     in_flight: usize,
+    /// Per client state: the requests waiting for room under its load control, newest
+    /// last, each with its wait's token (an entry whose token no longer matches is
+    /// stale: the wait ended).
+    waiters: Vec<Vec<(u32, u64)>>,
+    /// Per client state: the requests waiting for room there now.
+    waiting: Vec<usize>,
+    waits: u64,
     report: FleetReport,
 }
 
@@ -367,6 +405,9 @@ impl Fleet {
             busy: 0,
             queue: VecDeque::new(),
             in_flight: 0,
+            waiters: (0..n_states).map(|_| Vec::new()).collect(),
+            waiting: vec![0; n_states],
+            waits: 0,
             report,
         })
     }
@@ -399,7 +440,11 @@ impl Fleet {
                 next_progress += NS * 5;
             }
             if arrival_t == Some(t) {
-                next_arrival = t + exp(&mut self.arrivals, mean_gap).max(1);
+                let gap = match self.cfg.timeline.active(t) {
+                    Some(Scenario::Overload(f)) => mean_gap / f.max(1.0),
+                    _ => mean_gap,
+                };
+                next_arrival = t + exp(&mut self.arrivals, gap).max(1);
                 self.arrive();
             } else if timeout_t == Some(t) {
                 if let Some((_, id, gen)) = self.timeouts.pop_front() {
@@ -410,6 +455,8 @@ impl Fleet {
                     Kind::ServiceDone(id, gen) => self.service_done(id, gen),
                     Kind::Response(id, gen, status) => self.resolve(id, gen, Some(status)),
                     Kind::Retry(req) => self.send(req),
+                    Kind::Room(state) => self.room(state),
+                    Kind::WaitOver(req, token) => self.wait_over(req, token),
                 }
             }
         }
@@ -448,8 +495,110 @@ impl Fleet {
     }
 
     fn state(&mut self, client: u32) -> &mut ClientState {
-        let i = if self.cfg.shared { 0 } else { client as usize };
+        let i = self.index(client);
         &mut self.clients[i]
+    }
+
+    /// The index of `client`'s state.
+    fn index(&self, client: u32) -> usize {
+        if self.cfg.shared {
+            0
+        } else {
+            client as usize
+        }
+    }
+
+    /// A place under the load control of `client`'s state for request `req`'s next
+    /// attempt: `Ok(None)` without a load control; `Err(())` when the request waits for
+    /// room (or was shed) instead.
+    fn place(&mut self, req: u32, client: u32) -> Result<Option<LimitPermit>, ()> {
+        let i = self.index(client);
+        let state = &self.clients[i];
+        let Some(limit) = &state.load else {
+            return Ok(None);
+        };
+        if let Ok(place) = limit.try_acquire(state.instant(self.now)) {
+            if std::mem::take(&mut self.requests[req as usize].waiting) != 0 {
+                self.waiting[i] -= 1;
+            }
+            return Ok(Some(place));
+        }
+        let wait = limit.config().max_wait();
+        let token = self.requests[req as usize].waiting;
+        if token != 0 {
+            // Woken, and beaten to the place: back to waiting, its deadline unchanged.
+            self.waiters[i].push((req, token));
+        } else if wait.is_zero() {
+            self.shed(req);
+        } else {
+            self.waits += 1;
+            let token = self.waits;
+            self.requests[req as usize].waiting = token;
+            self.waiting[i] += 1;
+            if self.waiters[i].len() >= 64 && self.waiters[i].len() >= 2 * self.waiting[i] {
+                // Drop the entries of waits that ended (shed), so that the list follows
+                // the requests waiting, not the requests that ever waited.
+                let requests = &self.requests;
+                self.waiters[i].retain(|&(r, token)| {
+                    let r = &requests[r as usize];
+                    r.live && r.waiting == token
+                });
+            }
+            self.waiters[i].push((req, token));
+            self.push(
+                self.now + wait.as_nanos() as u64,
+                Kind::WaitOver(req, token),
+            );
+        }
+        Err(())
+    }
+
+    /// Gives a place back, with what the attempt's outcome says of the load (`None`:
+    /// no sample), and lets the newest waiter try for it.
+    fn give_back(&mut self, client: u32, place: LimitPermit, load: Option<Load>) {
+        let i = self.index(client);
+        match load {
+            Some(load) => place.complete(load, self.clients[i].instant(self.now)),
+            None => drop(place),
+        }
+        if !self.waiters[i].is_empty() {
+            self.push(self.now, Kind::Room(i as u32));
+        }
+    }
+
+    /// A place was given back under state `i`'s load control: the newest request still
+    /// waiting there tries for it.
+    fn room(&mut self, i: u32) {
+        while let Some((req, token)) = self.waiters[i as usize].pop() {
+            let r = &self.requests[req as usize];
+            if r.live && r.waiting == token {
+                self.send(req);
+                return;
+            }
+        }
+    }
+
+    /// Request `req`'s wait for room is over: shed, unless it found room meanwhile.
+    fn wait_over(&mut self, req: u32, token: u64) {
+        let r = &mut self.requests[req as usize];
+        if !r.live || r.waiting != token {
+            return;
+        }
+        r.waiting = 0;
+        let client = r.client;
+        let i = self.index(client);
+        self.waiting[i] -= 1;
+        self.shed(req);
+    }
+
+    /// The load control sheds request `req`'s attempt: never sent, not retried.
+    fn shed(&mut self, req: u32) {
+        self.report.shed += 1;
+        if self.machine.is_some() {
+            self.decide(req, retry::Attempt::Shed);
+        } else {
+            self.finish(req, false);
+        }
     }
 
     fn arrive(&mut self) {
@@ -469,6 +618,7 @@ impl Fleet {
             spent: 0,
             retry: RequestRetry::new(),
             live: true,
+            waiting: 0,
         };
         let id = match self.free_requests.pop() {
             Some(id) => {
@@ -485,12 +635,16 @@ impl Fleet {
         self.send(id);
     }
 
-    /// Makes the next attempt of request `req` now.
+    /// Makes the next attempt of request `req` now: through the load control, then
+    /// the breaker, as the standard stack orders them.
     fn send(&mut self, req: u32) {
         let t = self.now;
         let (client, first) = {
             let r = &self.requests[req as usize];
             (r.client, r.attempts == 0)
+        };
+        let Ok(place) = self.place(req, client) else {
+            return;
         };
         let mut permit = None;
         match self.strategy.breaker {
@@ -510,6 +664,9 @@ impl Fleet {
                         Err(_) if retries_only && first => {}
                         Err(rejected) => {
                             self.report.rejected += 1;
+                            if let Some(place) = place {
+                                self.give_back(client, place, None);
+                            }
                             if self.machine.is_some() {
                                 let refusal =
                                     (rejected.state != CircuitState::Isolated).then_some(Refusal {
@@ -534,6 +691,9 @@ impl Fleet {
         if throttled && !self.state(client).allows_attempt(t, u) {
             // Rejected by the client itself (SRE throttling): as an open circuit.
             self.report.rejected += 1;
+            if let Some(place) = place {
+                self.give_back(client, place, None);
+            }
             self.finish(req, false);
             return;
         }
@@ -547,6 +707,7 @@ impl Fleet {
             gen,
             outstanding: true,
             permit,
+            place,
         };
         let id = match self.free_attempts.pop() {
             Some(id) => {
@@ -629,10 +790,10 @@ impl Fleet {
         if !self.is_outstanding(id, gen) {
             return; // already timed out, or answered: a late response is dropped
         }
-        let (req, permit) = {
+        let (req, permit, place) = {
             let a = &mut self.attempts[id as usize];
             a.outstanding = false;
-            (a.req, a.permit.take())
+            (a.req, a.permit.take(), a.place.take())
         };
         self.free_attempts.push(id);
         let class = match status {
@@ -649,6 +810,16 @@ impl Fleet {
         };
         let success = class == Class::Success;
         let client = self.requests[req as usize].client;
+        if let Some(place) = place {
+            let load = match status {
+                None => Load::Overloaded,
+                Some(code) => Load::of_response(
+                    StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+                    &HeaderMap::new(),
+                ),
+            };
+            self.give_back(client, place, Some(load));
+        }
         let t = self.now;
         let state = self.state(client);
         let now = state.instant(t);

@@ -10,6 +10,7 @@
 use std::time::{Duration, Instant};
 
 use stormguard_core::breaker::{Breaker, BreakerConfig};
+use stormguard_core::limit::{LoadLimit, LoadLimitConfig};
 use stormguard_core::throttle::RetryThrottle;
 use stormguard_core::{Backoff, Jitter, RetryBudget};
 
@@ -27,6 +28,7 @@ pub const ALL: &[&str] = &[
     "breaker-retries",
     "stormguard",
     "stormguard+breaker",
+    "standard",
 ];
 
 /// The strategies `fleet` and `metastable` compare by default.
@@ -40,6 +42,7 @@ pub const FLEET: &[&str] = &[
     "bucket",
     "stormguard",
     "stormguard+breaker",
+    "standard",
 ];
 
 /// How long to wait before retry `n` (0 is the first retry).
@@ -155,6 +158,9 @@ pub struct Strategy {
     pub budget: BudgetKind,
     /// Circuit breaker placement.
     pub breaker: BreakerMode,
+    /// The load control between the retries and the breaker, as in the standard stack
+    /// (`None`: no limit on the calls in flight).
+    pub load: Option<LoadLimitConfig>,
 }
 
 impl Strategy {
@@ -175,6 +181,12 @@ impl Strategy {
     /// | `breaker-retries` | full jitter 200 ms..20 s | - | core `BreakerConfig::default()` on retries only |
     /// | `stormguard` | core `Backoff::default()` | core `RetryBudget::default()` (waste within 10% over 10 s, allowance 1) | - |
     /// | `stormguard+breaker` | core `Backoff::default()` | core `RetryBudget::default()` | core `BreakerConfig::default()` on all calls |
+    /// | `standard` | core `Backoff::default()` | core `RetryBudget::default()`, and the core's default `LoadLimit` on the calls in flight | core `BreakerConfig::default()` on all calls |
+    ///
+    /// `standard` is the standard stack's retry wing: its load control limits each
+    /// client's (or, `--shared`, the fleet's) attempts in flight; an attempt past the
+    /// limit waits for room up to the limit's `max_wait`, newest first, then is shed
+    /// (never sent, not retried).
     pub fn named(name: &str, attempts: u32) -> Option<Strategy> {
         let full = BackoffKind::Core(Backoff::default());
         let core_budget = {
@@ -193,6 +205,7 @@ impl Strategy {
                 .ok()
                 .map(BackoffKind::Core)
         };
+        let mut load = None;
         let (attempts, backoff, budget, breaker) = match name {
             "none" => (1, full, BudgetKind::None, BreakerMode::Off),
             "naive" => (
@@ -267,6 +280,15 @@ impl Strategy {
                 core_budget,
                 BreakerMode::AllCalls(BreakerConfig::default()),
             ),
+            "standard" => {
+                load = Some(LoadLimitConfig::default());
+                (
+                    attempts,
+                    full,
+                    core_budget,
+                    BreakerMode::AllCalls(BreakerConfig::default()),
+                )
+            }
             _ => return None,
         };
         Some(Strategy {
@@ -275,14 +297,15 @@ impl Strategy {
             backoff,
             budget,
             breaker,
+            load,
         })
     }
 }
 
 impl Strategy {
     /// The strategy of one dependency of a configuration file, named `config:NAME`: its
-    /// attempts, backoff, budget and breaker (on all calls, or none when the file turns
-    /// it off). The simulator models one bound across requests, so a dependency with
+    /// attempts, backoff, budget, load control and breaker (on all calls; each `None`
+    /// when the file turns it off). The simulator models one bound across requests, so a dependency with
     /// both a budget and `retry_throttling` is simulated with the budget; hedging and
     /// per-method gRPC settings are not simulated.
     pub fn from_settings(
@@ -305,6 +328,7 @@ impl Strategy {
                 Some(breaker) => BreakerMode::AllCalls(breaker.config.clone()),
                 None => BreakerMode::Off,
             },
+            load: settings.load_control,
         })
     }
 }
@@ -319,10 +343,12 @@ impl BudgetKind {
     };
 }
 
-/// The per-client (or fleet-shared) state of a strategy: its budget and its breaker.
+/// The per-client (or fleet-shared) state of a strategy: its budget, its load control
+/// and its breaker.
 #[derive(Debug)]
 pub(crate) struct ClientState {
     pub(crate) budget: BudgetState,
+    pub(crate) load: Option<LoadLimit>,
     /// Boxed, like the larger budget models, so that the clients' states stay small and
     /// close together for the strategies that do not use them.
     pub(crate) breaker: Option<Box<Breaker>>,
@@ -356,6 +382,7 @@ impl ClientState {
         };
         Ok(ClientState {
             budget,
+            load: strategy.load.map(LoadLimit::with_config),
             breaker,
             tower_seed: seed.rotate_left(17) ^ 0x9e37_79b9_7f4a_7c15,
             origin,
