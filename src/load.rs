@@ -59,7 +59,7 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
-use http::{Request, Response};
+use http::{HeaderMap, Request, Response, StatusCode};
 use pin_project_lite::pin_project;
 use stormguard_core::limit::{self, LimitPermit, Load, LoadLimitBuilder};
 use stormguard_core::ConfigError;
@@ -174,43 +174,27 @@ impl LoadControl {
         }
     }
 
+    /// How a call gets in: a place now, a wait for one, or shed at once when the
+    /// control does not wait.
+    fn admit(&self) -> Admission {
+        match self.limit.try_acquire(now()) {
+            Ok(permit) => Admission::Place(self.place(permit)),
+            Err(full) if self.limit.config().max_wait().is_zero() => {
+                Admission::Shed(self.shed(full))
+            }
+            Err(_) => Admission::Wait(Waiter::new(self.clone())),
+        }
+    }
+
     /// A place for one call, after a wait for room of up to `max_wait`, or the call
-    /// shed: the reqwest middleware's way in, which drives one call at a time (the
-    /// tower service's future does the same without a task of its own).
+    /// shed: the reqwest middleware's way in (the tower service's future drives the
+    /// same [`Waiter`]).
     #[cfg(feature = "reqwest")]
     pub(crate) async fn enter(&self) -> Result<Place, Shed> {
-        let full = match self.limit.try_acquire(now()) {
-            Ok(permit) => return Ok(self.place(permit)),
-            Err(full) => full,
-        };
-        let wait = self.limit.config().max_wait();
-        if wait.is_zero() {
-            return Err(self.shed(full));
-        }
-        self.shared.waited.fetch_add(1, Ordering::Relaxed);
-        // Counted before it looks for room again: see `Place`'s drop.
-        let _waiting = Waiting::count(&self.shared);
-        let mut deadline = Box::pin(tokio::time::sleep(wait));
-        loop {
-            // Registered before it looks, so that a place given back in between wakes it.
-            let mut room = registered(&self.shared.room);
-            let full = match self.limit.try_acquire(now()) {
-                Ok(permit) => return Ok(self.place(permit)),
-                Err(full) => full,
-            };
-            let woken = std::future::poll_fn(|cx| {
-                if room.as_mut().poll(cx).is_ready() {
-                    return Poll::Ready(true);
-                }
-                deadline.as_mut().poll(cx).map(|()| false)
-            })
-            .await;
-            if !woken {
-                return match self.limit.try_acquire(now()) {
-                    Ok(permit) => Ok(self.place(permit)),
-                    Err(_) => Err(self.shed(full)),
-                };
-            }
+        match self.admit() {
+            Admission::Place(place) => Ok(place),
+            Admission::Shed(shed) => Err(shed),
+            Admission::Wait(mut waiter) => std::future::poll_fn(|cx| waiter.poll_place(cx)).await,
         }
     }
 
@@ -360,36 +344,23 @@ where
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
-        let state = match self.control.limit.try_acquire(now()) {
+        let state = match self.control.admit() {
             // The place exists before the inner call, so a `call` that panics gives it
             // back as it unwinds.
-            Ok(permit) => {
-                let place = self.control.place(permit);
-                State::Called {
-                    future: self.inner.call(request),
-                    place: Some(place),
-                }
-            }
-            Err(full) if self.control.limit.config().max_wait().is_zero() => State::Shed {
-                shed: Some(self.control.shed(full)),
+            Admission::Place(place) => State::Called {
+                future: self.inner.call(request),
+                place: Some(place),
             },
-            Err(_) => {
+            Admission::Shed(shed) => State::Shed { shed: Some(shed) },
+            Admission::Wait(waiter) => {
                 // The ready service goes with the call; this one keeps a clone.
                 let clone = self.inner.clone();
                 let service = std::mem::replace(&mut self.inner, clone);
-                self.control.shared.waited.fetch_add(1, Ordering::Relaxed);
-                // Counted before it looks for room again (its first poll): see
-                // `Place`'s drop.
-                self.control.shared.waiting.fetch_add(1, Ordering::SeqCst);
-                fence(Ordering::SeqCst);
-                let wait = self.control.limit.config().max_wait();
                 State::Waiting {
                     wait: Box::new(Wait {
                         service,
                         request: Some(request),
-                        control: self.control.clone(),
-                        room: registered(&self.control.shared.room),
-                        deadline: Box::pin(tokio::time::sleep(wait)),
+                        waiter,
                     }),
                 }
             }
@@ -404,26 +375,6 @@ fn registered(room: &Arc<Notify>) -> Pin<Box<OwnedNotified>> {
     let mut notified = Box::pin(room.clone().notified_owned());
     notified.as_mut().enable();
     notified
-}
-
-/// A call counted as waiting for room while this lives.
-#[cfg(feature = "reqwest")]
-struct Waiting(Arc<Shared>);
-
-#[cfg(feature = "reqwest")]
-impl Waiting {
-    fn count(shared: &Arc<Shared>) -> Self {
-        shared.waiting.fetch_add(1, Ordering::SeqCst);
-        fence(Ordering::SeqCst);
-        Waiting(shared.clone())
-    }
-}
-
-#[cfg(feature = "reqwest")]
-impl Drop for Waiting {
-    fn drop(&mut self) {
-        self.0.waiting.fetch_sub(1, Ordering::SeqCst);
-    }
 }
 
 /// A call's place: gives it back, and wakes a call waiting for room, when dropped.
@@ -456,19 +407,62 @@ impl Drop for Place {
     }
 }
 
-/// A call waiting for room (boxed: only calls that wait pay for it).
-struct Wait<S, Req> {
-    service: S,
-    request: Option<Req>,
+/// How a call gets in: see [`LoadControl::admit`].
+enum Admission {
+    Place(Place),
+    Wait(Waiter),
+    Shed(Shed),
+}
+
+/// A call waiting for room, counted in `Shared::waiting` while it lives (before it
+/// first looks for room again: see `Place`'s drop).
+struct Waiter {
     control: LoadControl,
     room: Pin<Box<OwnedNotified>>,
     deadline: Pin<Box<Sleep>>,
 }
 
-impl<S, Req> Drop for Wait<S, Req> {
+impl Waiter {
+    fn new(control: LoadControl) -> Self {
+        control.shared.waited.fetch_add(1, Ordering::Relaxed);
+        control.shared.waiting.fetch_add(1, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        Waiter {
+            room: registered(&control.shared.room),
+            deadline: Box::pin(tokio::time::sleep(control.limit.config().max_wait())),
+            control,
+        }
+    }
+
+    /// A place once one is given back, or the call shed once `max_wait` is over.
+    fn poll_place(&mut self, cx: &mut Context<'_>) -> Poll<Result<Place, Shed>> {
+        loop {
+            let full = match self.control.limit.try_acquire(now()) {
+                Ok(permit) => return Poll::Ready(Ok(self.control.place(permit))),
+                Err(full) => full,
+            };
+            if self.room.as_mut().poll(cx).is_ready() {
+                self.room = registered(&self.control.shared.room);
+                continue;
+            }
+            ready!(self.deadline.as_mut().poll(cx));
+            return Poll::Ready(Err(self.control.shed(full)));
+        }
+    }
+}
+
+impl Drop for Waiter {
     fn drop(&mut self) {
         self.control.shared.waiting.fetch_sub(1, Ordering::SeqCst);
     }
+}
+
+/// A call waiting for room with its service and request (boxed: only calls that wait
+/// pay for it).
+struct Wait<S, Req> {
+    service: S,
+    request: Option<Req>,
+    waiter: Waiter,
 }
 
 pin_project! {
@@ -525,7 +519,7 @@ where
                 StateProj::Called { future, place } => {
                     let result = ready!(future.poll(cx));
                     if let Some(place) = place.take() {
-                        place.complete(load_of(&result));
+                        place.complete(load_of(result.as_ref().map(|r| (r.status(), r.headers()))));
                     }
                     return Poll::Ready(result.map_err(Into::into));
                 }
@@ -534,26 +528,15 @@ where
                     return Poll::Ready(Err(shed.into()));
                 }
                 StateProj::Waiting { wait } => {
-                    let next = match wait.control.limit.try_acquire(now()) {
-                        Ok(permit) => match wait.request.take() {
+                    let next = match ready!(wait.waiter.poll_place(cx)) {
+                        Ok(place) => match wait.request.take() {
                             Some(request) => State::Called {
                                 future: wait.service.call(request),
-                                place: Some(wait.control.place(permit)),
+                                place: Some(place),
                             },
                             None => State::Shed { shed: None },
                         },
-                        Err(full) => {
-                            if wait.room.as_mut().poll(cx).is_ready() {
-                                wait.room = registered(&wait.control.shared.room);
-                                continue;
-                            }
-                            if wait.deadline.as_mut().poll(cx).is_pending() {
-                                return Poll::Pending;
-                            }
-                            State::Shed {
-                                shed: Some(wait.control.shed(full)),
-                            }
-                        }
+                        Err(shed) => State::Shed { shed: Some(shed) },
                     };
                     this.state.set(next);
                 }
@@ -562,10 +545,11 @@ where
     }
 }
 
-/// How a call's outcome reads to the load control (the module docs' table).
-fn load_of<ResB, E: 'static>(result: &Result<Response<ResB>, E>) -> Load {
-    match result {
-        Ok(response) => Load::of_response(response.status(), response.headers()),
+/// How a call's outcome (its answer's status and headers, or its error) reads to the
+/// load control (the module docs' table); the reqwest middleware's too.
+pub(crate) fn load_of<E: 'static>(outcome: Result<(StatusCode, &HeaderMap), &E>) -> Load {
+    match outcome {
+        Ok((status, headers)) => Load::of_response(status, headers),
         Err(err) if is_timeout(err) => Load::Overloaded,
         // A connection error, an open circuit, a call shed further down: not load.
         Err(_) => Load::Unrelated,

@@ -91,12 +91,9 @@ use http::Extensions;
 use reqwest_middleware::{Error, Next, Result};
 use tower::retry::Policy as _;
 
-use stormguard_core::limit::Load;
-
 use crate::body::ReplayHandle;
 use crate::breaker::CircuitBreaker;
-use crate::error_class::is_timeout;
-use crate::load::LoadControl;
+use crate::load::{load_of, LoadControl};
 use crate::retry::{Attempts, Idempotent, NoRetry, RetryPolicy};
 use crate::{BoxError, CircuitOpen, Deadline, Shed};
 
@@ -242,12 +239,7 @@ impl StormguardMiddleware {
             .await
             .map_err(|shed| Box::new(shed) as BoxError)?;
         let result = self.breaker_attempt(req, extensions, next).await;
-        place.complete(match &result {
-            Ok(response) => Load::of_response(response.status(), response.headers()),
-            Err(err) if is_timeout(err) => Load::Overloaded,
-            // A connection error, an open circuit: not load.
-            Err(_) => Load::Unrelated,
-        });
+        place.complete(load_of(result.as_ref().map(|r| (r.status(), r.headers()))));
         result
     }
 
