@@ -15,7 +15,7 @@ use stormguard::reqwest::StormguardMiddleware;
 use stormguard::{
     Attempts, CircuitBreaker, CircuitOpen, LoadControl, RetryBudget, RetryPolicy, Shed,
 };
-use tokio::sync::Semaphore;
+use tokio::sync::{mpsc, Semaphore};
 
 #[path = "support/server.rs"]
 mod server;
@@ -241,14 +241,13 @@ async fn the_breaker_opens_and_fails_fast() {
 }
 
 /// A server on 127.0.0.1:0 that holds every request until the test adds a permit to
-/// `gate`; the requests it took.
-async fn gated(gate: Arc<Semaphore>) -> (String, Arc<AtomicU32>) {
-    let calls = Arc::new(AtomicU32::new(0));
-    let seen = calls.clone();
+/// `gate`; a message on the receiver as each request arrives.
+async fn gated(gate: Arc<Semaphore>) -> (String, mpsc::UnboundedReceiver<()>) {
+    let (arrived, arrivals) = mpsc::unbounded_channel();
     let addr = server::serve(move || {
-        let (calls, gate) = (calls.clone(), gate.clone());
+        let (arrived, gate) = (arrived.clone(), gate.clone());
         hyper::service::service_fn(move |_req: http::Request<Incoming>| {
-            calls.fetch_add(1, Ordering::SeqCst);
+            let _ = arrived.send(());
             let gate = gate.clone();
             async move {
                 if let Ok(permit) = gate.acquire().await {
@@ -259,18 +258,18 @@ async fn gated(gate: Arc<Semaphore>) -> (String, Arc<AtomicU32>) {
         })
     })
     .await;
-    (format!("http://{addr}/items"), seen)
+    (format!("http://{addr}/items"), arrivals)
 }
 
-/// Waits (at most 10 s, a millisecond at a time) until `done` holds.
+/// Lets the other tasks run (no clock: at most 1,000 turns) until `done` holds.
 async fn until(done: impl Fn() -> bool) {
-    let waited = tokio::time::timeout(Duration::from_secs(10), async {
-        while !done() {
-            tokio::time::sleep(Duration::from_millis(1)).await;
+    for _ in 0..1000 {
+        if done() {
+            return;
         }
-    })
-    .await;
-    assert!(waited.is_ok(), "not reached within 10 s");
+        tokio::task::yield_now().await;
+    }
+    panic!("not reached within 1,000 turns");
 }
 
 /// A load control with room for one call in flight, waiting up to `max_wait` for room.
@@ -285,19 +284,19 @@ fn one_place(max_wait: Duration) -> LoadControl {
         .expect("load control")
 }
 
-// Real time: the calls wait for each other, not for a clock (the one timer, a wait of
-// 30 s for room, is never reached).
+// Real time, and no clock read by the tests: the calls wait for each other and for the
+// server's arrivals (the one timer, a wait of 30 s for room, is never reached).
 #[tokio::test]
 async fn a_call_past_the_load_limit_is_shed_unsent_and_not_retried() {
     let gate = Arc::new(Semaphore::new(0));
-    let (url, calls) = gated(gate.clone()).await;
+    let (url, mut arrivals) = gated(gate.clone()).await;
     let load = one_place(Duration::ZERO);
     let client = client(
         StormguardMiddleware::new(policy()).with_load_control(load.clone()),
         None,
     );
     let first = tokio::spawn(client.get(&url).send());
-    until(|| calls.load(Ordering::SeqCst) == 1).await;
+    arrivals.recv().await.expect("the first call arrives");
     // The one place is taken: a GET, which the policy would retry, fails at once.
     let err = client.get(&url).send().await.expect_err("shed");
     match &err {
@@ -306,14 +305,15 @@ async fn a_call_past_the_load_limit_is_shed_unsent_and_not_retried() {
         }
         other => panic!("not the load control's refusal: {other:?}"),
     }
-    assert_eq!(calls.load(Ordering::SeqCst), 1, "the shed call was sent");
+    assert!(arrivals.try_recv().is_err(), "the shed call was sent");
     gate.add_permits(2);
     let response = first.await.expect("task").expect("a response");
     assert_eq!(response.status(), 200);
     // Room again: the next call goes.
     let response = client.get(&url).send().await.expect("a response");
     assert_eq!(response.status(), 200);
-    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    arrivals.recv().await.expect("the next call arrives");
+    assert!(arrivals.try_recv().is_err(), "a call arrived twice");
     let stats = load.stats();
     assert_eq!((stats.shed, stats.in_flight), (1, 0));
 }
@@ -321,24 +321,25 @@ async fn a_call_past_the_load_limit_is_shed_unsent_and_not_retried() {
 #[tokio::test]
 async fn a_call_past_the_load_limit_waits_for_room() {
     let gate = Arc::new(Semaphore::new(0));
-    let (url, calls) = gated(gate.clone()).await;
+    let (url, mut arrivals) = gated(gate.clone()).await;
     let load = one_place(Duration::from_secs(30));
     let client = client(
         StormguardMiddleware::new(policy()).with_load_control(load.clone()),
         None,
     );
     let first = tokio::spawn(client.post(&url).body("1").send());
-    until(|| calls.load(Ordering::SeqCst) == 1).await;
+    arrivals.recv().await.expect("the first call arrives");
     let second = tokio::spawn(client.post(&url).body("2").send());
     until(|| load.stats().waited == 1).await;
-    assert_eq!(calls.load(Ordering::SeqCst), 1, "sent past the limit");
+    assert!(arrivals.try_recv().is_err(), "sent past the limit");
     // The first answered, its place goes to the waiting call.
     gate.add_permits(2);
     for call in [first, second] {
         let response = call.await.expect("task").expect("a response");
         assert_eq!(response.status(), 200);
     }
-    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    arrivals.recv().await.expect("the second call arrives");
+    assert!(arrivals.try_recv().is_err(), "a call arrived twice");
     let stats = load.stats();
     assert_eq!((stats.shed, stats.in_flight), (0, 0));
 }
