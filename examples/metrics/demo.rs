@@ -22,7 +22,7 @@ use stormguard::{
     RetryLayer, RetryPolicy,
 };
 use tokio::net::TcpListener;
-use tower::{BoxError, ServiceBuilder, ServiceExt};
+use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
 
 /// Requests the dependency answers 503 before it recovers: more than the breaker needs
 /// to open (20 calls in its window, all failing), whatever the machine's speed.
@@ -117,8 +117,9 @@ pub(crate) async fn drive() -> Result<(), BoxError> {
 }
 
 /// `BURST` calls at once through a load control that allows one call in flight and no
-/// wait for room, over a dependency taking 50 ms a call: the first is sent, the others
-/// shed (`load_control_shed_total`).
+/// wait for room: the first holds the place (its call made, its answer not yet awaited),
+/// the others are shed (`load_control_shed_total`). No clock: the place is held by
+/// the first call's future, not by a slow dependency.
 async fn burst() -> Result<(), BoxError> {
     let control = LoadControl::builder()
         .name("payments")
@@ -127,20 +128,16 @@ async fn burst() -> Result<(), BoxError> {
         .max(1)
         .max_wait(Duration::ZERO)
         .build()?;
-    let slow = tower::service_fn(|_: Request<()>| async {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        Ok::<_, BoxError>(Response::new(()))
-    });
-    let limited = ServiceBuilder::new()
+    let answer = tower::service_fn(|_: Request<()>| async { Ok::<_, BoxError>(Response::new(())) });
+    let mut limited = ServiceBuilder::new()
         .layer(LoadControlLayer::new(control))
-        .service(slow);
-    let calls: Vec<_> = (0..BURST)
-        .map(|_| tokio::spawn(limited.clone().oneshot(Request::new(()))))
-        .collect();
-    for call in calls {
+        .service(answer);
+    let first = limited.ready().await?.call(Request::new(()));
+    for _ in 1..BURST {
         // Shed calls are the point: what they do to the series.
-        let _ = call.await?;
+        let _ = limited.ready().await?.call(Request::new(())).await;
     }
+    first.await?;
     Ok(())
 }
 
