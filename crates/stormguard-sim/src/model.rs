@@ -337,11 +337,9 @@ pub struct Fleet {
     queue: VecDeque<(u32, u32)>,
     in_flight: usize,
     /// Per client state: the requests waiting for room under its load control, newest
-    /// last, each with its wait's token (an entry whose token no longer matches is
-    /// stale: the wait ended).
-    waiters: Vec<Vec<(u32, u64)>>,
-    /// Per client state: the requests waiting for room there now.
-    waiting: Vec<usize>,
+    /// last.
+    waiters: Vec<Vec<u32>>,
+    /// Waits begun, the last one's token.
     waits: u64,
     report: FleetReport,
 }
@@ -406,7 +404,6 @@ impl Fleet {
             queue: VecDeque::new(),
             in_flight: 0,
             waiters: (0..n_states).map(|_| Vec::new()).collect(),
-            waiting: vec![0; n_states],
             waits: 0,
             report,
         })
@@ -518,36 +515,22 @@ impl Fleet {
             return Ok(None);
         };
         if let Ok(place) = limit.try_acquire(state.instant(self.now)) {
-            if std::mem::take(&mut self.requests[req as usize].waiting) != 0 {
-                self.waiting[i] -= 1;
-            }
+            self.requests[req as usize].waiting = 0;
             return Ok(Some(place));
         }
         let wait = limit.config().max_wait();
-        let token = self.requests[req as usize].waiting;
-        if token != 0 {
+        if self.requests[req as usize].waiting != 0 {
             // Woken, and beaten to the place: back to waiting, its deadline unchanged.
-            self.waiters[i].push((req, token));
+            self.waiters[i].push(req);
         } else if wait.is_zero() {
             self.shed(req);
         } else {
             self.waits += 1;
-            let token = self.waits;
-            self.requests[req as usize].waiting = token;
-            self.waiting[i] += 1;
-            if self.waiters[i].len() >= 64 && self.waiters[i].len() >= 2 * self.waiting[i] {
-                // Drop the entries of waits that ended (shed), so that the list follows
-                // the requests waiting, not the requests that ever waited.
-                let requests = &self.requests;
-                self.waiters[i].retain(|&(r, token)| {
-                    let r = &requests[r as usize];
-                    r.live && r.waiting == token
-                });
-            }
-            self.waiters[i].push((req, token));
+            self.requests[req as usize].waiting = self.waits;
+            self.waiters[i].push(req);
             self.push(
                 self.now + wait.as_nanos() as u64,
-                Kind::WaitOver(req, token),
+                Kind::WaitOver(req, self.waits),
             );
         }
         Err(())
@@ -569,25 +552,24 @@ impl Fleet {
     /// A place was given back under state `i`'s load control: the newest request still
     /// waiting there tries for it.
     fn room(&mut self, i: u32) {
-        while let Some((req, token)) = self.waiters[i as usize].pop() {
-            let r = &self.requests[req as usize];
-            if r.live && r.waiting == token {
-                self.send(req);
-                return;
-            }
+        if let Some(req) = self.waiters[i as usize].pop() {
+            self.send(req);
         }
     }
 
-    /// Request `req`'s wait for room is over: shed, unless it found room meanwhile.
+    /// Request `req`'s wait for room (token `token`) is over: shed, unless it found
+    /// room meanwhile (its token is then another wait's, or none).
     fn wait_over(&mut self, req: u32, token: u64) {
         let r = &mut self.requests[req as usize];
-        if !r.live || r.waiting != token {
+        if r.waiting != token {
             return;
         }
         r.waiting = 0;
         let client = r.client;
         let i = self.index(client);
-        self.waiting[i] -= 1;
+        if let Some(at) = self.waiters[i].iter().rposition(|&w| w == req) {
+            self.waiters[i].remove(at);
+        }
         self.shed(req);
     }
 
@@ -796,28 +778,27 @@ impl Fleet {
             (a.req, a.permit.take(), a.place.take())
         };
         self.free_attempts.push(id);
-        let class = match status {
+        let code = status
+            .map(|code| StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR));
+        let (class, load) = match code {
             None => {
                 self.report.timeouts += 1;
-                // A per-attempt timeout on an idempotent request: retryable.
-                Class::Retryable { after: None }
+                // A per-attempt timeout on an idempotent request: retryable, and to the
+                // load control an overload.
+                (Class::Retryable { after: None }, Load::Overloaded)
             }
             Some(code) => {
-                let code = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
                 let wall = SystemTime::UNIX_EPOCH + Duration::from_nanos(self.now);
-                self.rules.classify_with(code, &HeaderMap::new(), || wall)
+                let headers = HeaderMap::new();
+                (
+                    self.rules.classify_with(code, &headers, || wall),
+                    Load::of_response(code, &headers),
+                )
             }
         };
         let success = class == Class::Success;
         let client = self.requests[req as usize].client;
         if let Some(place) = place {
-            let load = match status {
-                None => Load::Overloaded,
-                Some(code) => Load::of_response(
-                    StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
-                    &HeaderMap::new(),
-                ),
-            };
             self.give_back(client, place, Some(load));
         }
         let t = self.now;
