@@ -18,6 +18,11 @@
 //! | [`Shed`](crate::load::Shed) | the load control shed the call: never sent, not retried |
 //! | anything else | not known to be transient: not retried |
 //!
+//! A classifier of the user's ([`crate::classify`]) is asked before this table, of each
+//! link of the chain. An error whose own type is none of those below and not boxed
+//! cannot be looked into unless its type is named to the policy
+//! (`RetryPolicyBuilder::error_type`); it is not retried, and the policy warns once.
+//!
 //! The hyper, hyper-util, h2 and tonic types are recognised with the features of those
 //! names (all but `tonic` on by default); without them their `source()` chains are
 //! still walked when boxed. With `tonic`, the retry layer can sit right on a tonic
@@ -289,9 +294,11 @@ fn classify_one(err: &(dyn Error + 'static)) -> Option<ErrorClass> {
 /// is not: one close fails every stream then in flight at once, whatever work they
 /// cost.
 pub(crate) fn is_timeout<E: 'static>(err: &E) -> bool {
-    let Some(err) = as_std_error(err) else {
-        return false;
-    };
+    as_std_error(err).is_some_and(is_timeout_chain)
+}
+
+/// [`is_timeout`] of an error already looked into.
+pub(crate) fn is_timeout_chain(err: &(dyn Error + 'static)) -> bool {
     sources(err).any(|err| {
         if err.is::<tower::timeout::error::Elapsed>() {
             return true;

@@ -85,6 +85,7 @@
 pub mod body;
 pub mod breaker;
 mod circuit_open;
+pub mod classify;
 #[cfg(feature = "serde")]
 #[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
 pub mod config;

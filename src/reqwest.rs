@@ -190,7 +190,10 @@ impl StormguardMiddleware {
             let copy = req.try_clone();
             let outcome = self.attempt(req, extensions, next.clone()).await;
             let (mut seen, response) = match outcome {
-                Ok(response) => (Ok(response_head(&response)), Some(response)),
+                Ok(response) => (
+                    Ok(response_head(&response, policy.classifies())),
+                    Some(response),
+                ),
                 Err(err) => (Err(err), None),
             };
             let Some(wait) = policy.retry(&mut head, &mut seen) else {
@@ -260,7 +263,7 @@ impl StormguardMiddleware {
                 Ok(response)
             }
             Err(err) => {
-                guard.finish(CircuitBreaker::classify_error(&*err));
+                guard.finish(breaker.classify_error(&*err));
                 Err(err)
             }
         }
@@ -310,11 +313,13 @@ fn head_of(req: &reqwest::Request, extensions: &Extensions) -> http::Request<()>
 }
 
 /// What the policy reads of a response: its status, and its headers unless it is a
-/// plain success (which is all the policy needs to know of one).
-fn response_head(response: &reqwest::Response) -> http::Response<()> {
+/// plain success and the policy has no classifier (which is all the policy needs to
+/// know of one).
+fn response_head(response: &reqwest::Response, classifies: bool) -> http::Response<()> {
     let mut head = http::Response::new(());
     *head.status_mut() = response.status();
-    let plain = response.status().is_success()
+    let plain = !classifies
+        && response.status().is_success()
         && !response
             .headers()
             .contains_key(stormguard_core::classify::GRPC_STATUS);

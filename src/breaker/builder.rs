@@ -12,6 +12,7 @@ use stormguard_core::classify::{GrpcCodeSet, StatusSet};
 use stormguard_core::ConfigError;
 
 use super::{Callback, CircuitBreaker, CircuitState, Shared, Transition};
+use crate::classify::{Classifiers, Classify};
 
 /// Builds a [`CircuitBreaker`]: the state-machine settings of
 /// [`stormguard_core::breaker::BreakerConfigBuilder`], which
@@ -58,6 +59,7 @@ pub struct CircuitBreakerBuilder {
     pub(super) wait_when_open: bool,
     pub(super) on_transition: Option<Callback>,
     pub(super) seed: Option<u64>,
+    pub(super) classifiers: Classifiers,
 }
 
 impl fmt::Debug for CircuitBreakerBuilder {
@@ -70,6 +72,7 @@ impl fmt::Debug for CircuitBreakerBuilder {
             .field("wait_when_open", &self.wait_when_open)
             .field("on_transition", &self.on_transition.is_some())
             .field("seed", &self.seed)
+            .field("classifiers", &self.classifiers)
             .finish()
     }
 }
@@ -167,6 +170,18 @@ impl CircuitBreakerBuilder {
         self
     }
 
+    /// A classifier asked before the failure sets and the built-in error rules (see
+    /// [`crate::classify`]): an answer it calls [`Retryable`](crate::sans_io::Class::Retryable)
+    /// or [`DontRetry`](crate::sans_io::Class::DontRetry) is a failure, one it calls
+    /// [`Success`](crate::sans_io::Class::Success) or
+    /// [`Permanent`](crate::sans_io::Class::Permanent) is not; an error it calls
+    /// [`Permanent`](crate::classify::Failure::Permanent) is not counted, any other is a
+    /// failure. Several are asked in the order given, the first answer decides.
+    pub fn classify(mut self, classify: impl Classify) -> Self {
+        self.classifiers.push(classify);
+        self
+    }
+
     /// Whether `poll_ready` waits (returns `Pending`) while the circuit refuses calls,
     /// instead of letting `call` fail fast with [`CircuitOpen`](super::CircuitOpen) (default `false`).
     pub fn wait_when_open(mut self, wait: bool) -> Self {
@@ -210,6 +225,7 @@ impl CircuitBreakerBuilder {
                 failure_grpc_codes: self.failure_grpc_codes,
                 wait_when_open: self.wait_when_open,
                 on_transition: self.on_transition,
+                classifiers: self.classifiers,
                 state_tx,
                 changed: Arc::new(Notify::new()),
                 calls: AtomicU64::new(0),

@@ -103,7 +103,7 @@ where
                     },
                     Err(error) => {
                         let error = error.into();
-                        guard.finish(CircuitBreaker::classify_error(&*error));
+                        guard.finish(guard.breaker.classify_error(&*error));
                         Err(error)
                     }
                 })

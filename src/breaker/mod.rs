@@ -147,6 +147,7 @@ use std::time::{Duration, Instant};
 use http::Response;
 use stormguard_core::breaker::{Breaker, BreakerConfig, Outcome, Permit};
 use stormguard_core::classify::grpc_status;
+use stormguard_core::Class;
 use tokio::sync::{watch, Notify};
 
 mod body;
@@ -209,6 +210,8 @@ struct Shared {
     failure_grpc_codes: GrpcCodeSet,
     wait_when_open: bool,
     on_transition: Option<Callback>,
+    /// The classifiers asked before the failure sets.
+    classifiers: crate::classify::Classifiers,
     state_tx: watch::Sender<CircuitState>,
     /// Woken on every transition and whenever a probe slot frees up.
     changed: Arc<Notify>,
@@ -273,6 +276,7 @@ impl CircuitBreaker {
             wait_when_open: false,
             on_transition: None,
             seed: None,
+            classifiers: crate::classify::Classifiers::default(),
         }
     }
 
@@ -423,6 +427,15 @@ impl CircuitBreaker {
     }
 
     fn classify_head(&self, status: http::StatusCode, headers: &http::HeaderMap) -> Verdict {
+        let classifiers = &self.shared.classifiers;
+        if classifiers.any() {
+            if let Some(class) = classifiers.response(status, headers) {
+                return Verdict::Now(match class {
+                    Class::Retryable { .. } | Class::DontRetry => Outcome::Failure,
+                    Class::Success | Class::Permanent => Outcome::Success,
+                });
+            }
+        }
         if let Some(code) = grpc_status(headers) {
             return Verdict::Now(self.grpc_outcome(code));
         }
@@ -452,7 +465,12 @@ impl CircuitBreaker {
     /// Every error is the dependency's failure, but a nested breaker's refusal, which
     /// that breaker has already counted, the caller's own, and a call the dependency
     /// turned away unprocessed, which counts only in a run of failures in a row.
-    pub(crate) fn classify_error(error: &(dyn std::error::Error + 'static)) -> Outcome {
+    pub(crate) fn classify_error(&self, error: &(dyn std::error::Error + 'static)) -> Outcome {
+        match self.shared.classifiers.error(error) {
+            Some(crate::classify::Failure::Permanent) => return Outcome::Ignored,
+            Some(_) => return Outcome::Failure,
+            None => {}
+        }
         match crate::error_class::classify_chain(error) {
             // A nested breaker counted it already; a request body that failed on the
             // caller's side says nothing about the dependency's health.
@@ -604,11 +622,20 @@ mod tests {
             }
         }
         let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
-        assert_eq!(CircuitBreaker::classify_error(&refused), Outcome::Failure);
+        assert_eq!(
+            CircuitBreaker::default().classify_error(&refused),
+            Outcome::Failure
+        );
         let nested = Wrapper(CircuitOpen::new(Duration::from_secs(1)));
-        assert_eq!(CircuitBreaker::classify_error(&nested), Outcome::Ignored);
+        assert_eq!(
+            CircuitBreaker::default().classify_error(&nested),
+            Outcome::Ignored
+        );
         let direct = CircuitOpen::new(Duration::ZERO);
-        assert_eq!(CircuitBreaker::classify_error(&direct), Outcome::Ignored);
+        assert_eq!(
+            CircuitBreaker::default().classify_error(&direct),
+            Outcome::Ignored
+        );
     }
 
     #[test]

@@ -167,7 +167,7 @@ use stormguard_core::{Class, ConfigError, RetryBudget};
 use tower_service::Service;
 
 use crate::body::{NotReplayable, ReplayHandle};
-use crate::error_class::{as_std_error, classify_error, sources, ErrorClass};
+use crate::error_class::{as_std_error, sources, ErrorClass};
 use crate::retry::{is_grpc, safe_to_repeat};
 use crate::{NoRetry, RetryPolicy};
 
@@ -225,6 +225,8 @@ struct Shared {
     /// above does).
     deposits: bool,
     rules: Rules,
+    /// The classifiers asked before the rules.
+    classifiers: crate::classify::Classifiers,
     /// Per-method hedging policies of a gRPC service config (`None`: not hedged).
     methods: Option<MethodTable<Option<GrpcHedgePolicy>>>,
     counters: Counters,
@@ -374,11 +376,20 @@ impl HedgePolicy {
             retryable_grpc_codes: codes.unwrap_or(self.shared.rules.retryable_grpc_codes),
             ..self.shared.rules
         };
-        let class = match result {
-            Ok(res) if grpc => rules.classify_grpc_response(res.status(), res.headers()),
-            Ok(res) => rules.classify_with(res.status(), res.headers(), SystemTime::now),
-            Err(err) => {
-                return match classify_error(err) {
+        let classifiers = &self.shared.classifiers;
+        let told = match result {
+            Ok(res) if classifiers.any() => classifiers.response(res.status(), res.headers()),
+            _ => None,
+        };
+        let class = match (result, told) {
+            (Ok(_), Some(class)) => class,
+            (Ok(res), None) if grpc => rules.classify_grpc_response(res.status(), res.headers()),
+            (Ok(res), None) => rules.classify_with(res.status(), res.headers(), SystemTime::now),
+            (Err(err), _) => {
+                let class = classifiers
+                    .classify_error(err)
+                    .unwrap_or(ErrorClass::Unknown);
+                return match class {
                     ErrorClass::CircuitOpen => Verdict::NonFatal {
                         stop: Some(Stop::CircuitOpen),
                     },
@@ -425,6 +436,7 @@ pub struct HedgePolicyBuilder {
     budget: Option<RetryBudget>,
     deposits: bool,
     rules: Rules,
+    classifiers: crate::classify::Classifiers,
     methods: Option<MethodTable<Option<GrpcHedgePolicy>>>,
 }
 
@@ -438,6 +450,7 @@ impl Default for HedgePolicyBuilder {
             budget: None,
             deposits: true,
             rules: Rules::default(),
+            classifiers: crate::classify::Classifiers::default(),
             methods: None,
         }
     }
@@ -553,6 +566,24 @@ impl HedgePolicyBuilder {
         self
     }
 
+    /// A classifier asked before the non-fatal sets and the built-in error rules (see
+    /// [`crate::classify`]): an answer it calls [`Success`](crate::sans_io::Class::Success)
+    /// or [`Permanent`](crate::sans_io::Class::Permanent), or an error it calls
+    /// [`Permanent`](crate::classify::Failure::Permanent), ends the request; anything
+    /// else lets the other attempts go on. Several are asked in the order given.
+    pub fn classify(mut self, classify: impl crate::classify::Classify) -> Self {
+        self.classifiers.push(classify);
+        self
+    }
+
+    /// Looks into errors of the type `E`, as
+    /// [`RetryPolicyBuilder::error_type`](crate::retry::RetryPolicyBuilder::error_type)
+    /// does.
+    pub fn error_type<E: std::error::Error + 'static>(mut self) -> Self {
+        self.classifiers.error_type::<E>();
+        self
+    }
+
     /// Checks the settings and makes the policy.
     pub fn build(self) -> Result<HedgePolicy, ConfigError> {
         if !(1..=MAX_ATTEMPTS).contains(&self.max_attempts) {
@@ -587,6 +618,7 @@ impl HedgePolicyBuilder {
                 budget,
                 deposits: self.deposits,
                 rules: self.rules,
+                classifiers: self.classifiers,
                 methods: self.methods,
                 counters: Counters::default(),
                 name,

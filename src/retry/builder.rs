@@ -10,8 +10,10 @@ use stormguard_core::throttle::RetryThrottle;
 use stormguard_core::{Backoff, ConfigError, RetryBudget};
 
 use crate::body::DEFAULT_MAX_REPLAY_BYTES;
+use crate::classify::{Classifiers, Classify, RetryOnError, RetryOnResponse};
 
-use super::policy::{Limits, RequestDeadline, RetryPolicy};
+use super::deadline::RequestDeadline;
+use super::policy::{Limits, RetryPolicy};
 use super::shared::{Counters, Shared};
 
 /// Builds a [`RetryPolicy`]; every setting has a default.
@@ -23,6 +25,7 @@ pub struct RetryPolicyBuilder {
     budget: Option<RetryBudget>,
     throttle: Option<RetryThrottle>,
     rules: Rules,
+    classifiers: Classifiers,
     methods: Option<MethodTable<Option<Limits>>>,
     timeouts: Option<MethodTable<Option<Duration>>>,
     max_retry_after: Option<Duration>,
@@ -39,6 +42,7 @@ impl Default for RetryPolicyBuilder {
             budget: None,
             throttle: None,
             rules: Rules::default(),
+            classifiers: Classifiers::default(),
             methods: None,
             timeouts: None,
             max_retry_after: None,
@@ -196,6 +200,54 @@ impl RetryPolicyBuilder {
         self
     }
 
+    /// A classifier asked before the status and code sets and the built-in error rules
+    /// (see [`crate::classify`]); several are asked in the order given, the first answer
+    /// decides.
+    pub fn classify(mut self, classify: impl Classify) -> Self {
+        self.classifiers.push(classify);
+        self
+    }
+
+    /// Retries the answers for which `retry` is true, as transient failures (with no
+    /// wait of the server's); the others are left to the status and code sets. The
+    /// request must still be safe to send again.
+    ///
+    /// ```
+    /// use http::StatusCode;
+    /// use stormguard::RetryPolicy;
+    ///
+    /// // A 409 from this dependency means a concurrent write won: try again.
+    /// let policy = RetryPolicy::builder()
+    ///     .retry_on_response(|status, _headers| status == StatusCode::CONFLICT)
+    ///     .build()?;
+    /// # let _ = policy;
+    /// # Ok::<(), stormguard::ConfigError>(())
+    /// ```
+    pub fn retry_on_response<F>(self, retry: F) -> Self
+    where
+        F: Fn(http::StatusCode, &http::HeaderMap) -> bool + Send + Sync + 'static,
+    {
+        self.classify(RetryOnResponse(retry))
+    }
+
+    /// Retries the errors for which `retry` is true of a link of their source chain, as
+    /// transient failures after which the request may have been processed (so only a
+    /// request safe to send again is retried); the others are left to the built-in rules.
+    pub fn retry_on_error<F>(self, retry: F) -> Self
+    where
+        F: Fn(&(dyn std::error::Error + 'static)) -> bool + Send + Sync + 'static,
+    {
+        self.classify(RetryOnError(retry))
+    }
+
+    /// Looks into errors of the type `E`: its source chain is walked, and handed to the
+    /// classifiers, as a boxed error's is. Without it an error of a type the crate does
+    /// not know is not retried (see [`crate::classify`]).
+    pub fn error_type<E: std::error::Error + 'static>(mut self) -> Self {
+        self.classifiers.error_type::<E>();
+        self
+    }
+
     /// Checks the settings and makes the policy.
     pub fn build(self) -> Result<RetryPolicy, ConfigError> {
         if !(1..=100).contains(&self.max_attempts) {
@@ -235,6 +287,8 @@ impl RetryPolicyBuilder {
                 throttle: self.throttle,
                 pace: stormguard_core::retry::ThrottlePace::new(),
                 rules: self.rules,
+                classifiers: self.classifiers,
+                warned_opaque: std::sync::atomic::AtomicBool::new(false),
                 methods: self.methods,
                 timeouts: self.timeouts,
                 max_replay_bytes: self.max_replay_bytes,

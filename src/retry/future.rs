@@ -216,7 +216,9 @@ where
         };
         let policy = match self.policy {
             Some(policy) => policy,
-            None if result.as_ref().is_ok_and(plain_success) => {
+            None if result.as_ref().is_ok_and(plain_success)
+                && !self.core.policy.shared.classifiers.any() =>
+            {
                 // What the policy's own fast path records, for attempt 1.
                 let shared = &self.core.policy.shared;
                 shared.record_outcome(Class::Success, true);

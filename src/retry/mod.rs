@@ -81,6 +81,13 @@
 //! 7. the shared [`RetryBudget`](crate::RetryBudget) grants a retry (and the gRPC
 //!    throttle, when the policy has one).
 //!
+//! What is transient is the built-in rules' call unless a classifier of yours says
+//! otherwise ([`crate::classify`]: [`RetryPolicyBuilder::classify`],
+//! [`retry_on_response`](RetryPolicyBuilder::retry_on_response),
+//! [`retry_on_error`](RetryPolicyBuilder::retry_on_error)). An error of your own type is
+//! looked into once named to the policy ([`RetryPolicyBuilder::error_type`]); otherwise
+//! it is not retried, and the policy warns once.
+//!
 //! Every other outcome goes straight back to the caller. The wait is the backoff's delay,
 //! or the server's hint when longer (plus up to 10% upward jitter), on tokio's clock.
 //! Insert [`NoRetry`] in a request's extensions to send it once whatever happens, or
@@ -149,6 +156,7 @@
 //! took more than one attempt carries [`Attempts`].
 
 mod builder;
+mod deadline;
 pub mod future;
 #[cfg(feature = "hyper-util")]
 mod handoff;

@@ -8,18 +8,18 @@ use stormguard_core::limit::Load;
 
 use http::{HeaderValue, Request, Response};
 use stormguard_core::classify::{GrpcCodeSet, Rules, GRPC_PREVIOUS_RPC_ATTEMPTS, X_ATTEMPT_COUNT};
-use stormguard_core::deadline::{grpc_timeout_value, Deadline};
 use stormguard_core::retry::{self, Attempt, Decision, Env, Refusal, RequestRetry};
 use stormguard_core::{Backoff, RetryBudget};
 
-use crate::error_class::{classify_error, ErrorClass};
+use crate::error_class::ErrorClass;
 use crate::give_up::GiveUp;
 
 use super::builder::RetryPolicyBuilder;
-use super::request::{body_replayable, deadline_of, is_grpc, proved, safe_to_repeat};
+use super::deadline::RequestDeadline;
+use super::request::{body_replayable, is_grpc, proved, safe_to_repeat};
 use super::shared::{plain_success, RetryStats, Shared};
 use super::wait::Wait;
-use super::{Attempts, GRPC_TIMEOUT, GRPC_TRANSPARENT_RETRY_ATTEMPTS};
+use super::{Attempts, GRPC_TRANSPARENT_RETRY_ATTEMPTS};
 
 /// The retry decisions for HTTP and gRPC requests, as a [`tower::retry::Policy`].
 ///
@@ -67,20 +67,6 @@ pub(super) struct Limits {
     pub(super) max_attempts: u32,
     pub(super) backoff: Backoff,
     pub(super) retryable_grpc_codes: GrpcCodeSet,
-}
-
-/// Where a request's deadline stands: tower keeps the request as first sent until its
-/// first outcome, so the deadline is read then, from that copy and the instant of the
-/// first send, to the same value it would have had at the send.
-#[derive(Debug, Clone, Copy)]
-pub(super) enum RequestDeadline {
-    /// Not sent yet (the layer's own copy of the policy).
-    Unsent,
-    /// First sent at this instant, with this long at most to finish if a total timeout
-    /// above says so; not read yet.
-    SentAt(Instant, Option<Duration>),
-    /// Read at the first failure: the [`Deadline`], if the request has one.
-    Read(Option<Deadline>),
 }
 
 impl fmt::Debug for RetryPolicy {
@@ -154,6 +140,12 @@ impl RetryPolicy {
         self.shared.max_replay_bytes
     }
 
+    /// Whether a classifier was given (every answer is then looked at whole).
+    #[cfg_attr(not(feature = "reqwest"), allow(dead_code))]
+    pub(crate) fn classifies(&self) -> bool {
+        self.shared.classifiers.any()
+    }
+
     /// This policy's copy for a request first sent at `sent` (with `total` to finish in,
     /// under a total timeout), as [`clone_request`](tower::retry::Policy::clone_request)
     /// leaves it.
@@ -218,45 +210,6 @@ impl RetryPolicy {
             _ => own,
         }
     }
-
-    /// Reads the request's deadline, once, from the request as first sent: call it at
-    /// the first outcome that is not a success, before the request is changed for a
-    /// retry.
-    fn read_deadline<B>(&mut self, req: &Request<B>) {
-        if let RequestDeadline::SentAt(sent, total) = self.deadline {
-            let outer = total.map(|total| Deadline::after(sent, total));
-            let method = self.method_timeout(req).map(|t| Deadline::after(sent, t));
-            let deadline = [deadline_of(req, sent), outer, method]
-                .into_iter()
-                .flatten()
-                .min();
-            self.deadline = RequestDeadline::Read(deadline);
-        }
-    }
-
-    /// The timeout of `req`'s gRPC method, when the policy has per-method timeouts.
-    fn method_timeout<B>(&self, req: &Request<B>) -> Option<Duration> {
-        let timeouts = self.shared.timeouts.as_ref()?;
-        if !is_grpc(req) {
-            return None;
-        }
-        timeouts.lookup(req.uri().path()).copied().flatten()
-    }
-
-    /// Tells the server of a gRPC call sent at `sent` how long its caller still waits.
-    fn set_grpc_timeout(&self, headers: &mut http::HeaderMap, sent: Instant) {
-        if let Some(deadline) = self.deadline() {
-            headers.insert(GRPC_TIMEOUT, grpc_timeout_value(deadline.remaining(sent)));
-        }
-    }
-
-    /// The request's deadline, once [`read_deadline`](Self::read_deadline) has run.
-    fn deadline(&self) -> Option<Deadline> {
-        match self.deadline {
-            RequestDeadline::Read(deadline) => deadline,
-            RequestDeadline::Unsent | RequestDeadline::SentAt(..) => None,
-        }
-    }
 }
 
 impl<B, ResB, E> tower::retry::Policy<Request<B>, Response<ResB>, E> for RetryPolicy
@@ -271,7 +224,7 @@ where
         req: &mut Request<B>,
         result: &mut Result<Response<ResB>, E>,
     ) -> Option<Wait> {
-        if result.as_ref().is_ok_and(plain_success) {
+        if result.as_ref().is_ok_and(plain_success) && !self.shared.classifiers.any() {
             // Nothing else about the request or the response matters.
             let now = tokio::time::Instant::now().into_std();
             let shared = &*self.shared;
@@ -287,8 +240,20 @@ where
         let limits = self.limits(req, grpc);
         // Read from the request as first sent, before any header of it is rewritten.
         self.read_deadline(req);
-        let attempt = match result {
-            Ok(res) if grpc => {
+        let told = match result {
+            Ok(res) if self.shared.classifiers.any() => self
+                .shared
+                .classifiers
+                .response(res.status(), res.headers()),
+            _ => None,
+        };
+        let attempt = match (&*result, told) {
+            (Ok(res), Some(class)) => Attempt::Answered {
+                throttled: Load::of_response(res.status(), res.headers()) == Load::Overloaded,
+                class,
+                any_method: false,
+            },
+            (Ok(res), None) if grpc => {
                 let rules = Rules {
                     retryable_grpc_codes: limits.retryable_grpc_codes,
                     ..self.shared.rules
@@ -300,7 +265,7 @@ where
                     any_method: true,
                 }
             }
-            Ok(res) => Attempt::Answered {
+            (Ok(res), None) => Attempt::Answered {
                 throttled: Load::of_response(res.status(), res.headers()) == Load::Overloaded,
                 class: (self.shared.rules).classify_with(
                     res.status(),
@@ -309,12 +274,19 @@ where
                 ),
                 any_method: false,
             },
-            Err(err) => {
-                match proved(classify_error(err), unprocessed, req) {
+            (Err(err), _) => {
+                let classifiers = &self.shared.classifiers;
+                let class = classifiers.classify_error(err).unwrap_or_else(|| {
+                    self.shared.opaque_error::<E>();
+                    ErrorClass::Unknown
+                });
+                match proved(class, unprocessed, req) {
                     ErrorClass::Unprocessed => Attempt::Unprocessed,
                     ErrorClass::NotSent => Attempt::NotSent,
                     ErrorClass::MaybeProcessed | ErrorClass::Drained => Attempt::MaybeProcessed {
-                        timed_out: crate::error_class::is_timeout(err),
+                        timed_out: classifiers
+                            .as_error(err)
+                            .is_some_and(crate::error_class::is_timeout_chain),
                     },
                     ErrorClass::CircuitOpen => Attempt::Refused(
                         crate::error_class::circuit_open_refusal(err).map(|open| Refusal {

@@ -74,6 +74,10 @@ pub(super) struct Shared {
     /// The pace of the dependency's throttled retries (429, `RESOURCE_EXHAUSTED`).
     pub(super) pace: stormguard_core::retry::ThrottlePace,
     pub(super) rules: Rules,
+    /// The classifiers asked before the rules, and the error types named to the policy.
+    pub(super) classifiers: crate::classify::Classifiers,
+    /// Whether an error of a type that cannot be looked into was warned of.
+    pub(super) warned_opaque: std::sync::atomic::AtomicBool,
     /// Per-method limits of a gRPC service config, looked up by `:path` on failure
     /// (`None`: the method has no retry policy).
     pub(super) methods: Option<MethodTable<Option<Limits>>>,
@@ -98,6 +102,20 @@ impl Shared {
         self.metrics.attempt(&self.name, 1);
         self.budget.deposit(now);
         req.extensions().get::<NoRetry>().is_none()
+    }
+
+    /// Says, once per policy, that an error of the type `E` cannot be looked into and is
+    /// not retried (see [`crate::classify`]).
+    #[cold]
+    pub(super) fn opaque_error<E>(&self) {
+        if !self.warned_opaque.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                dependency = %self.name,
+                error_type = std::any::type_name::<E>(),
+                "an error of this type cannot be looked into and is not retried: box it, or \
+                 name it with RetryPolicyBuilder::error_type, or classify it"
+            );
+        }
     }
 
     /// gRFC A6: every answer of the server moves the throttle's token count (a

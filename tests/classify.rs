@@ -1,0 +1,204 @@
+//! The classification seam (`stormguard::classify`): a user's own error type looked
+//! into, a closure retrying a 409, a classifier changing what the breaker counts. Paused
+//! time.
+
+use std::collections::VecDeque;
+use std::error::Error;
+use std::sync::{Arc, Mutex};
+use std::{fmt, io};
+
+use http::{HeaderMap, Request, Response, StatusCode};
+use stormguard::classify::Classify;
+use stormguard::sans_io::Class;
+use stormguard::{
+    Attempts, CircuitBreaker, CircuitBreakerLayer, CircuitOpen, RetryLayer, RetryPolicy,
+};
+use tower::{BoxError, Layer, Service, ServiceExt};
+
+#[path = "support/budget.rs"]
+mod budget;
+#[path = "support/captured.rs"]
+mod captured;
+
+/// A user's own error type, as an application defines it: not boxed, not one the crate
+/// knows.
+#[derive(Debug)]
+enum ApiError {
+    Transport(io::Error),
+}
+
+impl fmt::Display for ApiError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("the inventory API failed")
+    }
+}
+
+impl Error for ApiError {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        match self {
+            ApiError::Transport(err) => Some(err),
+        }
+    }
+}
+
+type Script<E> = Arc<Mutex<VecDeque<Result<Response<String>, E>>>>;
+
+/// A service answering each call with the next scripted outcome (a 200 once the script
+/// is spent), counting the calls it got.
+fn scripted<E: Send + 'static>(
+    outcomes: Vec<Result<Response<String>, E>>,
+) -> (
+    impl Service<Request<String>, Response = Response<String>, Error = E, Future: Send> + Clone + Send,
+    Arc<Mutex<u32>>,
+) {
+    let script: Script<E> = Arc::new(Mutex::new(outcomes.into()));
+    let calls = Arc::new(Mutex::new(0));
+    let counted = calls.clone();
+    let service = tower::service_fn(move |_req: Request<String>| {
+        *counted.lock().expect("lock") += 1;
+        let next = script.lock().expect("lock").pop_front();
+        async move { next.unwrap_or_else(|| Ok(status(200))) }
+    });
+    (service, calls)
+}
+
+fn status(code: u16) -> Response<String> {
+    Response::builder()
+        .status(code)
+        .body(String::new())
+        .expect("response")
+}
+
+fn get() -> Request<String> {
+    Request::get("http://inventory/items/7")
+        .body(String::new())
+        .expect("request")
+}
+
+fn reset() -> ApiError {
+    ApiError::Transport(io::Error::from(io::ErrorKind::ConnectionReset))
+}
+
+fn policy() -> stormguard::retry::RetryPolicyBuilder {
+    RetryPolicy::builder().budget(budget::roomy()).seed(3)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_users_own_error_type_named_to_the_policy_is_looked_into_and_retried() {
+    let (service, calls) = scripted(vec![Err(reset())]);
+    let policy = policy().error_type::<ApiError>().build().expect("policy");
+    let retried = RetryLayer::new(policy.clone()).layer(service);
+    let response = retried.oneshot(get()).await.expect("served on the retry");
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.extensions().get::<Attempts>(), Some(&Attempts(2)));
+    assert_eq!(*calls.lock().expect("lock"), 2);
+    assert_eq!(policy.stats().retries, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_users_own_error_type_not_named_is_not_retried_and_the_policy_says_so() {
+    let (captured, _guard) = captured::Captured::install();
+    let (service, calls) = scripted(vec![Err(reset()), Err(reset())]);
+    let policy = policy().build().expect("policy");
+    let retried = RetryLayer::new(policy.clone()).layer(service.clone());
+    let err = retried.oneshot(get()).await.expect_err("not retried");
+    assert!(matches!(err, ApiError::Transport(_)));
+    assert_eq!(*calls.lock().expect("lock"), 1);
+    let text = captured.text();
+    assert!(
+        text.contains("cannot be looked into and is not retried"),
+        "{text}"
+    );
+    assert!(text.contains("ApiError"), "{text}");
+    // Said once per policy, not once per error.
+    let again = RetryLayer::new(policy).layer(service);
+    let _ = again.oneshot(get()).await;
+    assert_eq!(captured.text().matches("cannot be looked into").count(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_closure_retries_a_409() {
+    let (service, calls) = scripted::<BoxError>(vec![Ok(status(409))]);
+    let on_409 = policy()
+        .retry_on_response(|status, _| status == StatusCode::CONFLICT)
+        .build()
+        .expect("policy");
+    let response = RetryLayer::new(on_409)
+        .layer(service)
+        .oneshot(get())
+        .await
+        .expect("served");
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(*calls.lock().expect("lock"), 2);
+
+    // Without it, a 409 is permanent: handed back after one attempt.
+    let (service, calls) = scripted::<BoxError>(vec![Ok(status(409))]);
+    let response = RetryLayer::new(policy().build().expect("policy"))
+        .layer(service)
+        .oneshot(get())
+        .await
+        .expect("answered");
+    assert_eq!(response.status(), StatusCode::CONFLICT);
+    assert_eq!(*calls.lock().expect("lock"), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_closure_on_errors_retries_what_the_rules_do_not() {
+    // A boxed error the built-in rules do not know: not retried, unless the closure says.
+    let unknown = || -> BoxError { "the inventory is rebalancing".into() };
+    let (service, calls) = scripted(vec![Err(unknown())]);
+    let policy = policy()
+        .retry_on_error(|err| err.to_string().contains("rebalancing"))
+        .build()
+        .expect("policy");
+    let response = RetryLayer::new(policy)
+        .layer(service)
+        .oneshot(get())
+        .await
+        .expect("served");
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(*calls.lock().expect("lock"), 2);
+}
+
+/// Counts a 404 as the dependency's failure: a cache in front of it that lost its data
+/// answers 404 to everything.
+struct NotFoundIsAFailure;
+
+impl Classify for NotFoundIsAFailure {
+    fn response(&self, status: StatusCode, _headers: &HeaderMap) -> Option<Class> {
+        (status == StatusCode::NOT_FOUND).then_some(Class::Retryable { after: None })
+    }
+}
+
+/// Five 404s through `breaker`, then one more call: its status, or its error.
+async fn breaker_after_404s(breaker: CircuitBreaker) -> Result<StatusCode, BoxError> {
+    let (service, _calls) = scripted::<BoxError>((0..5).map(|_| Ok(status(404))).collect());
+    let mut guarded = CircuitBreakerLayer::new(breaker).layer(service);
+    for _ in 0..5 {
+        let response = guarded.ready().await?.call(get()).await?;
+        assert_eq!(response.status(), StatusCode::NOT_FOUND);
+    }
+    let response = guarded.ready().await?.call(get()).await?;
+    Ok(response.status())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_classifier_changes_what_the_breaker_counts() {
+    let builder = || CircuitBreaker::builder().consecutive_failures(5);
+    // By default a 404 is the caller's doing: the circuit stays closed.
+    let plain = builder().build().expect("breaker");
+    let status = breaker_after_404s(plain.clone()).await.expect("closed");
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(plain.stats().failures, 0);
+
+    // Counted as failures, five in a row open it.
+    let classified = builder()
+        .classify(NotFoundIsAFailure)
+        .build()
+        .expect("breaker");
+    let err = breaker_after_404s(classified.clone())
+        .await
+        .expect_err("open");
+    assert!(err.downcast_ref::<CircuitOpen>().is_some(), "{err}");
+    assert_eq!(classified.stats().failures, 5);
+}
