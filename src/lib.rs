@@ -55,7 +55,8 @@
 //! - The decisions themselves are pure functions of an explicit `now` in
 //!   [`stormguard_core`], re-exported in [`sans_io`]: the backoff, the budget, the
 //!   retry's and the breaker's state machines, classification, deadlines, the
-//!   redelivery decisions of queue consumers; [`retry_after`]'s parsers at the root.
+//!   redelivery decisions of queue consumers, and `Retry-After`'s parsers
+//!   ([`sans_io::retry_after`]).
 //!
 //! # What it does under failure
 //!
@@ -114,13 +115,11 @@ pub use breaker::{CircuitBreaker, CircuitBreakerLayer, CircuitOpen};
 #[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
 pub use config::Config;
 pub use error_class::Unprocessed;
-pub use hedge::{Hedge, HedgeLayer, HedgePolicy};
+pub use hedge::{HedgeLayer, HedgePolicy};
 pub use load::{LoadControl, LoadControlLayer, Shed};
 pub use retry::{Attempts, GiveUp, Idempotent, NoRetry, Retry, RetryLayer, RetryPolicy};
 pub use stack::StandardStack;
-pub use stormguard_core::{
-    deadline::Deadline, retry_after, Backoff, ConfigError, Jitter, RetryBudget,
-};
+pub use stormguard_core::{deadline::Deadline, Backoff, ConfigError, Jitter, RetryBudget};
 
 /// The sans-IO decisions the layers drive (the `stormguard-core` crate): the budget and
 /// the backoff in full, the breaker's and the retry's state machines, classification,
@@ -129,7 +128,7 @@ pub use stormguard_core::{
 pub mod sans_io {
     pub use stormguard_core::{
         backoff, breaker, budget, classify, deadline, hedge, limit, methods, redelivery, retry,
-        throttle, Class,
+        retry_after, throttle, Class,
     };
 }
 

@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use http::{HeaderMap, Request, Response};
 use stormguard::breaker::ResponseBody;
+use stormguard::hedge::Hedge;
 use stormguard::{
-    CircuitBreaker, CircuitBreakerLayer, Hedge, HedgeLayer, HedgePolicy, Idempotent, NoRetry,
-    RetryBudget,
+    CircuitBreaker, CircuitBreakerLayer, HedgeLayer, HedgePolicy, Idempotent, NoRetry, RetryBudget,
 };
 use tokio::time::{advance, Instant};
 use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
