@@ -318,11 +318,27 @@ struct Failures {
 
 /// Sends `REQUESTS` requests, half of them POSTs, `CONCURRENCY` at a time.
 async fn run(svc: Svc, addr: SocketAddr) -> Failures {
+    run_with(
+        move |req| {
+            let svc = svc.clone();
+            async move { svc.oneshot(req).await.map(drop) }
+        },
+        addr,
+    )
+    .await
+}
+
+/// [`run`], each request sent by `send`.
+async fn run_with<F, Fut>(send: F, addr: SocketAddr) -> Failures
+where
+    F: Fn(Request<Full<Bytes>>) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = Result<(), BoxError>> + Send,
+{
     let next = Arc::new(AtomicU64::new(0));
     let failures = Arc::new(Mutex::new(Failures::default()));
     let mut workers = tokio::task::JoinSet::new();
     for _ in 0..CONCURRENCY {
-        let (svc, next, failures) = (svc.clone(), next.clone(), failures.clone());
+        let (svc, next, failures) = (send.clone(), next.clone(), failures.clone());
         workers.spawn(async move {
             loop {
                 let id = next.fetch_add(1, Ordering::SeqCst);
@@ -341,7 +357,7 @@ async fn run(svc: Svc, addr: SocketAddr) -> Failures {
                     .body(Full::new(Bytes::from_static(b"{}")))
                     .expect("request");
                 let started = tokio::time::Instant::now();
-                let result = svc.clone().oneshot(req).await;
+                let result = svc(req).await;
                 if result.is_ok() && started.elapsed() >= ATTEMPT_TIMEOUT {
                     failures.lock().expect("lock").served_late.push(id);
                 }
@@ -371,9 +387,61 @@ fn timed_out(err: &(dyn std::error::Error + 'static)) -> bool {
         if cause.is::<tower::timeout::error::Elapsed>() {
             return true;
         }
+        #[cfg(feature = "reqwest")]
+        if cause
+            .downcast_ref::<reqwest::Error>()
+            .is_some_and(reqwest::Error::is_timeout)
+        {
+            return true;
+        }
         source = cause.source();
     }
     false
+}
+
+/// A request on its way through reqwest.
+#[cfg(feature = "reqwest")]
+type Sending = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), BoxError>> + Send>>;
+
+/// Sends each request through reqwest (its own retries off, `ATTEMPT_TIMEOUT` per
+/// attempt) under `StormguardMiddleware` with the default policy and breaker.
+#[cfg(feature = "reqwest")]
+fn reqwest_sender(
+    protocol: Protocol,
+    policy: RetryPolicy,
+    breaker: CircuitBreaker,
+) -> impl Fn(Request<Full<Bytes>>) -> Sending + Clone + Send + 'static {
+    let mut builder = reqwest::Client::builder()
+        .retry(reqwest::retry::never())
+        .timeout(ATTEMPT_TIMEOUT);
+    if protocol == Protocol::Http2 {
+        builder = builder.http2_prior_knowledge();
+    }
+    let client = reqwest_middleware::ClientBuilder::new(builder.build().expect("client"))
+        .with(stormguard::reqwest::StormguardMiddleware::new(policy).with_breaker(breaker))
+        .build();
+    move |req: Request<Full<Bytes>>| {
+        let client = client.clone();
+        let sending: Sending = Box::pin(async move {
+            let (parts, body) = req.into_parts();
+            let body = body.collect().await?.to_bytes();
+            let response = client
+                .request(parts.method, parts.uri.to_string())
+                .headers(parts.headers)
+                .body(body)
+                .send()
+                .await
+                .map_err(|err| -> BoxError {
+                    match err {
+                        reqwest_middleware::Error::Reqwest(err) => Box::new(err),
+                        reqwest_middleware::Error::Middleware(err) => err.into(),
+                    }
+                })?;
+            response.bytes().await?;
+            Ok(())
+        });
+        sending
+    }
 }
 
 /// Whether the error is a GOAWAY from the server (h2's, through hyper).
@@ -444,6 +512,8 @@ async fn drain_test(protocol: Protocol, per_connection: usize, close: Close) {
         ],
     )
     .await;
+    #[cfg(feature = "reqwest")]
+    through_reqwest(protocol, per_connection, close).await;
     // The requests met drains. A connection is drained at its `per_connection`-th
     // request and takes at most the requests then in flight after it; connections left
     // at the end below their share (at most one per request in flight) are not drained.
@@ -455,6 +525,52 @@ async fn drain_test(protocol: Protocol, per_connection: usize, close: Close) {
         drains >= least,
         "{drains} connections drained, at least {least} expected"
     );
+}
+
+/// The same requests through reqwest under `StormguardMiddleware`, to a server alike:
+/// reqwest's connections are its own (no `TrackedConnector`), so a request stranded
+/// unwritten, or one that met a GOAWAY it cannot be proved to have preceded, is not
+/// proved unprocessed. What must hold is that no POST is processed twice; the errors at
+/// the caller are printed.
+#[cfg(feature = "reqwest")]
+async fn through_reqwest(protocol: Protocol, per_connection: usize, close: Close) {
+    let (addr, processed, _) = draining_server(protocol, per_connection, close).await;
+    let policy = RetryPolicy::default();
+    let breaker = CircuitBreaker::default();
+    let failures = run_with(
+        reqwest_sender(protocol, policy.clone(), breaker.clone()),
+        addr,
+    )
+    .await;
+    let (posts_twice, gets_twice) = processed_twice(&processed);
+    let unprocessed = {
+        let processed = processed.lock().expect("lock");
+        failures
+            .ids
+            .iter()
+            .filter(|id| !processed.contains_key(id))
+            .count()
+    };
+    println!(
+        "  reqwest, StormguardMiddleware defaults: {} errors ({unprocessed} of requests the \
+         server never processed, {} timed out, {} POSTs failed with a GOAWAY not proved \
+         unprocessed), {} transparent retries, {} retries, POSTs processed twice {}, GETs \
+         twice {}; the first: {:?}",
+        failures.ids.len(),
+        failures.timed_out.len(),
+        failures.goaway.len(),
+        policy.stats().transparent_retries,
+        policy.stats().retries,
+        posts_twice.len(),
+        gets_twice.len(),
+        failures.first,
+    );
+    assert_eq!(
+        posts_twice,
+        Vec::<u64>::new(),
+        "through reqwest too, no POST is processed twice"
+    );
+    assert_refusals_alone_never_open(&breaker);
 }
 
 /// Sends the same requests without retries to the first server, through stormguard's
