@@ -65,10 +65,10 @@
 //! hyper-util's client cannot reach them: over HTTP/2, a POST that meets a draining
 //! server's GOAWAY fails at the caller even when its stream was above the GOAWAY's last
 //! one (unprocessed), and one stranded unwritten waits out its timeout and fails. The
-//! repository's drain test counts up to 26 such POSTs in 1,000 (ten runs) against a server draining
-//! every 10 or 20 requests, none over HTTP/1.1. Give a POST that may be repeated an
-//! `Idempotency-Key` (which the server deduplicates on), or the [`Idempotent`]
-//! extension, and it is retried through a drain as a GET is.
+//! repository's drain test counts up to 26 such POSTs in 1,000 (ten runs) against a
+//! server draining every 10 or 20 requests, none over HTTP/1.1. Give a POST that may be
+//! repeated an `Idempotency-Key` (which the server deduplicates on), or the
+//! [`Idempotent`] extension, and it is retried through a drain as a GET is.
 //!
 //! Why a middleware and not a tower `Service` over `reqwest::Client`: reqwest users
 //! compose their clients with reqwest-middleware (tracing, auth, caching), and a
