@@ -111,6 +111,7 @@ pub(crate) enum ErrorClass {
 }
 
 /// Classifies an error of any type, looking inside the types services commonly return.
+#[cfg_attr(not(feature = "hyper-util"), allow(dead_code))]
 pub(crate) fn classify_error<E: 'static>(err: &E) -> ErrorClass {
     match as_std_error(err) {
         Some(err) => classify_chain(err),
