@@ -18,7 +18,6 @@ fn budgets() -> (RetryBudget, TpsBudget) {
     let ours = RetryBudget::builder()
         .ratio(0.1)
         .window(Duration::from_secs(10))
-        .min_per_sec(1)
         .build()
         .expect("valid budget");
     let tower = TpsBudget::new(Duration::from_secs(10), 1, 0.1);

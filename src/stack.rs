@@ -159,15 +159,13 @@ pub type ReplayStack<S> = Timeout<ReplayRetry<Below<S>>>;
 pub type GrpcStack<S = tonic::transport::Channel> = ReplayStack<ToTonicBody<S>>;
 
 /// Hands tonic's `Channel` the body type it takes: a [`ReplayBody`](crate::ReplayBody)
-/// boxed back into tonic's `Body`.
+/// boxed back into tonic's `Body`, by a function pointer.
 #[cfg(feature = "tonic")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
-pub type ToTonicBody<S> = tower::util::MapRequest<S, ToTonic>;
-
-/// The function [`ToTonicBody`] maps requests with.
-#[cfg(feature = "tonic")]
-#[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
-pub type ToTonic = fn(Request<crate::ReplayBody<tonic::body::Body>>) -> Request<tonic::body::Body>;
+pub type ToTonicBody<S> = tower::util::MapRequest<
+    S,
+    fn(Request<crate::ReplayBody<tonic::body::Body>>) -> Request<tonic::body::Body>,
+>;
 
 /// The recommended stack's parts and settings for one dependency; it makes the stack
 /// over a client with [`http`](Self::http), [`replay`](Self::replay) or
@@ -345,7 +343,9 @@ impl StandardStack {
     #[cfg(feature = "tonic")]
     #[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
     pub fn grpc<S: Clone>(&self, inner: S) -> GrpcStack<S> {
-        let to_tonic: ToTonic = |request| request.map(tonic::body::Body::new);
+        let to_tonic: fn(
+            Request<crate::ReplayBody<tonic::body::Body>>,
+        ) -> Request<tonic::body::Body> = |request| request.map(tonic::body::Body::new);
         self.replay(tower::util::MapRequest::new(inner, to_tonic))
     }
 

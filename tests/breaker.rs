@@ -406,7 +406,7 @@ async fn with_retry_outside_an_open_circuit_comes_back_at_once_not_retried() {
         .backoff(Backoff::new(100 * MS, BREAK, Jitter::None).expect("backoff"))
         .budget(
             stormguard::RetryBudget::builder()
-                .min_per_sec(1)
+                .allowance(10)
                 .build()
                 .expect("budget"),
         )

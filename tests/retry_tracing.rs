@@ -25,7 +25,7 @@ async fn every_retry_and_the_give_up_are_traced() {
         .backoff(Backoff::new(200 * MS, 20_000 * MS, Jitter::None).expect("backoff"))
         .budget(
             stormguard::RetryBudget::builder()
-                .min_per_sec(10)
+                .allowance(100)
                 .build()
                 .expect("budget"),
         )

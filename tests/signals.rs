@@ -34,7 +34,7 @@ fn policy(budget: RetryBudget) -> RetryPolicy {
 fn plenty() -> RetryBudget {
     RetryBudget::builder()
         .ratio(1.0)
-        .min_per_sec(100)
+        .allowance(1_000)
         .build()
         .expect("budget")
 }

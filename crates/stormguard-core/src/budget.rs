@@ -63,8 +63,8 @@
 //!
 //! # Concurrency, and the exact bound
 //!
-//! The state is 24 atomics (the allowance's and the pace's included) and one lock whatever the request rate
-//! ([`RetryBudget::STATE_BYTES`] in all). A deposit or a withdrawal in the current
+//! The state is 23 atomics (the allowance's included) and one lock whatever the request
+//! rate. A deposit or a withdrawal in the current
 //! bucket is lock-free: a withdrawal reads the window's balance, then adds itself to the
 //! current bucket with one compare-and-swap, which fails (and is tried again) if any
 //! other withdrawal landed in that bucket meanwhile. The lock is taken only by the first
@@ -81,24 +81,20 @@
 //! whichever thread made it: **there is no per-thread slack**. At every grant, the
 //! retries granted in the eleven buckets ending with it (a window or more), this one
 //! included, are at most `ratio` times the original requests counted in the last ten
-//! buckets (at most a window) plus the floor (`min_retries`) plus the allowance; hence
-//! over any window that ends at a grant, retries <= `ratio` x deposits + floor +
-//! allowance. The only approximation is
+//! buckets (at most a window) plus the allowance; hence over any window that ends at a
+//! grant, retries <= `ratio` x deposits + allowance. The only approximation is
 //! time: the budget's clock never runs backwards, so an operation whose `now` is older
 //! than one already seen is counted at the newest epoch. This is checked by a loom model
 //! of the roll-over (`--cfg loom`) and by a contention test with a fast clock.
 //!
 //! The allowance is one more atomic, read on the retry path and written at roll-overs
-//! (under the lock, from the buckets that leave the window). The optional pace
-//! (see [`RetryBudgetBuilder::pace`], off by default) sits in front: one more
-//! compare-and-swap, on the retry path only.
+//! (under the lock, from the buckets that leave the window).
 
 use std::fmt;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
-use crate::pace::Pace;
 use crate::sync::{AtomicU64, Mutex};
 
 use crate::ConfigError;
@@ -121,7 +117,7 @@ const STAMP_MASK: u64 = (1 << STAMP_BITS) - 1;
 /// not exceed `ratio` of the original requests, plus an
 /// `allowance` of savings carried over; see the [module docs](self).
 ///
-/// Defaults: ratio 0.1, window 10 s, allowance 1, no floor, no pace.
+/// Defaults: ratio 0.1, window 10 s, allowance 1.
 ///
 /// # Clone
 ///
@@ -167,11 +163,8 @@ struct State {
     origin: OnceLock<Instant>,
     bucket_nanos: u64,
     deposit_units: i64,
-    reserve_units: i64,
     ratio: f64,
     window: Duration,
-    /// Retries granted in any window even without deposits.
-    min_retries: u64,
     /// The allowance a new budget starts with, in whole retries.
     allowance: u32,
     /// What is left of the allowance, in units (an `i64`'s bits: a debt is negative):
@@ -179,15 +172,11 @@ struct State {
     /// over at each roll-over (under `roll`), at most `allowance`. A new budget starts
     /// with all of it.
     allowance_left: AtomicU64,
-    /// Retries per original request at most, at any moment (`None`: unpaced).
-    pace: Option<f64>,
     /// The dependency's name, for the metrics' label.
     name: Option<Box<str>>,
     /// Told the budget's state at each roll-over, once set: see
     /// [`RetryBudget::on_roll_over`].
     observer: OnceLock<Observer>,
-    /// How fast retries may be spent: refilled from the recent deposit rate.
-    spend: Pace,
     /// The current epoch, the newest any operation has seen: time never runs backwards
     /// here. Only written under `roll`, after the buckets of the new epoch are ready.
     clock: AtomicU64,
@@ -282,10 +271,11 @@ impl<const N: usize> Ring<N> {
 
 impl RetryBudget {
     /// The size of one budget's shared state in bytes, whatever the request rate.
-    pub const STATE_BYTES: usize = std::mem::size_of::<State>();
+    #[cfg(test)]
+    const STATE_BYTES: usize = std::mem::size_of::<State>();
 
     /// A builder with the defaults: ratio 0.1, window 10 s, an allowance of
-    /// [`DEFAULT_ALLOWANCE`] retries, no floor, no pace.
+    /// [`DEFAULT_ALLOWANCE`] retries.
     pub fn builder() -> RetryBudgetBuilder {
         RetryBudgetBuilder::default()
     }
@@ -301,8 +291,8 @@ impl RetryBudget {
     /// [`charge`](Self::charge) once the request has ended (the ones that failed), and a
     /// retry that succeeds costs nothing.
     ///
-    /// The room is `ratio` times the window's original requests, plus the floor, less
-    /// the window's waste, plus what is left of the allowance. A request's first retry
+    /// The room is `ratio` times the window's original requests, less the window's
+    /// waste, plus what is left of the allowance. A request's first retry
     /// is admitted if the room holds more than one retry; a later one while any room is
     /// left. So the last retry's worth of room goes to requests already retrying: in a
     /// blip their later retries are the ones that land after it, and refusing them
@@ -341,7 +331,7 @@ impl RetryBudget {
         let state = &*self.state;
         let room = state.room(state.advance(now));
         let reserve = if retries == 0 { UNIT } else { 0 };
-        room > reserve && state.paced(now)
+        room > reserve
     }
 
     /// Charges `wasted` retries at `now`: the retries of a request that failed, charged
@@ -363,14 +353,6 @@ impl RetryBudget {
     /// instead.
     pub fn try_withdraw(&self, now: Instant) -> bool {
         let state = &*self.state;
-        // The balance is looked at first, so that a refusal by the window does not
-        // spend the pace; only a race lost in between can.
-        if state.pace.is_some() && state.room(state.advance(now)) < UNIT {
-            return false;
-        }
-        if !state.paced(now) {
-            return false;
-        }
         state.count(&state.withdrawals, now, 1, |epoch, count| {
             count < COUNT_MAX && state.room(epoch) >= UNIT
         })
@@ -439,20 +421,9 @@ impl RetryBudget {
         self.state.window
     }
 
-    /// Retries granted in any window even without deposits.
-    pub fn min_retries(&self) -> u64 {
-        self.state.min_retries
-    }
-
     /// The allowance the budget started with, in retries.
     pub fn allowance(&self) -> u32 {
         self.state.allowance
-    }
-
-    /// The most retries per original request the budget grants at any moment, or
-    /// `None` when it does not pace its spending.
-    pub fn pace(&self) -> Option<f64> {
-        self.state.pace
     }
 
     /// The dependency's name, if the builder was given one: the `service` label of the
@@ -482,9 +453,7 @@ impl fmt::Debug for RetryBudget {
         f.debug_struct("RetryBudget")
             .field("ratio", &self.state.ratio)
             .field("window", &self.state.window)
-            .field("min_retries", &self.state.min_retries)
             .field("allowance", &self.state.allowance)
-            .field("pace", &self.state.pace)
             .field("name", &self.state.name)
             .finish_non_exhaustive()
     }
@@ -554,8 +523,7 @@ impl State {
             .bucket(current)
             .fetch_or(SEALED, Ordering::AcqRel);
         // What leaves the window carries its savings, or its overdraft, into the
-        // allowance. Without an allowance (or with a floor, a grant of every window, which
-        // replaces it), what leaves the window is forgotten, as v0.2 had it.
+        // allowance. Without an allowance, what leaves the window is forgotten.
         let leaving = (self.allowance > 0).then(|| {
             let earned =
                 i128::from(self.deposits.leaving(current, epoch)) * i128::from(self.deposit_units);
@@ -619,31 +587,6 @@ impl State {
         }
     }
 
-    /// Whether the pace allows a retry at `now`: it refills at `pace` times the rate of
-    /// original requests in the last whole bucket (or the current one, if busier), and
-    /// never slower than the floor's share of the window.
-    fn paced(&self, now: Instant) -> bool {
-        let Some(pace) = self.pace else {
-            return true;
-        };
-        let epoch = self.advance(now);
-        let count = |e: u64| {
-            let word = self.deposits.bucket(e).load(Ordering::Acquire);
-            if word >> COUNT_BITS == e & STAMP_MASK {
-                word & COUNT_MAX
-            } else {
-                0
-            }
-        };
-        let recent = count(epoch).max(count(epoch.saturating_sub(1)));
-        let bucket_secs = self.bucket_nanos as f64 / 1e9;
-        let floor = self.reserve_units as f64 / UNIT as f64 / self.window.as_secs_f64();
-        let per_sec = (pace * recent as f64 / bucket_secs).max(floor);
-        let since = now.saturating_duration_since(self.origin(now));
-        let ms = u64::try_from(since.as_millis()).unwrap_or(u64::MAX);
-        self.spend.try_take(ms, per_sec)
-    }
-
     /// What is left of the allowance, in units: negative for a debt.
     fn allowance_units(&self) -> i64 {
         self.allowance_left.load(Ordering::Acquire).cast_signed()
@@ -669,11 +612,11 @@ impl State {
         self.balance(epoch).saturating_add(self.allowance_units())
     }
 
-    /// The floor plus the window's deposits, less its withdrawals, in units.
+    /// The window's deposits, less its withdrawals, in units.
     fn balance(&self, epoch: u64) -> i64 {
         let paid = i128::from(self.deposits.sum(epoch)) * i128::from(self.deposit_units);
         let spent = i128::from(self.withdrawals.sum(epoch)) * i128::from(UNIT);
-        let balance = i128::from(self.reserve_units) + paid - spent;
+        let balance = paid - spent;
         i64::try_from(balance).unwrap_or(if balance > 0 { i64::MAX } else { i64::MIN })
     }
 }
@@ -687,18 +630,9 @@ fn pack(epoch: u64, count: u64) -> u64 {
 pub struct RetryBudgetBuilder {
     ratio: f64,
     window: Duration,
-    floor: Floor,
     allowance: u32,
-    pace: Option<f64>,
     name: Option<String>,
     origin: Option<Instant>,
-}
-
-/// How the floor was given.
-#[derive(Debug, Clone, Copy)]
-enum Floor {
-    PerWindow(u32),
-    PerSecond(u32),
 }
 
 impl Default for RetryBudgetBuilder {
@@ -706,18 +640,12 @@ impl Default for RetryBudgetBuilder {
         RetryBudgetBuilder {
             ratio: 0.1,
             window: Duration::from_secs(10),
-            floor: Floor::PerWindow(0),
             allowance: DEFAULT_ALLOWANCE,
-            pace: None,
             name: None,
             origin: None,
         }
     }
 }
-
-/// A pace for [`RetryBudgetBuilder::pace`], for callers that want a rate bound on
-/// retries; a budget sets none by default.
-pub const DEFAULT_PACE: f64 = 0.5;
 
 /// What a failure that may have cost the server work for nobody (a timeout; not a reset,
 /// which one connection's close gives every request on it at once) is charged, in wasted retries, once its own retry is decided and whatever was decided
@@ -774,41 +702,6 @@ impl RetryBudgetBuilder {
         self
     }
 
-    /// Retries granted in *every* window even with no deposits \[0\]: a clock-keyed
-    /// floor. A floor replaces the
-    /// [`allowance`](Self::allowance), and what leaves the window is forgotten,
-    /// savings and overdrafts alike. Prefer the [`allowance`](Self::allowance),
-    /// which a fleet of new clients spends once: a floor per window lets a fleet of
-    /// many small clients retry at many times its budget through a long outage.
-    pub fn min_retries(mut self, retries: u32) -> Self {
-        self.floor = Floor::PerWindow(retries);
-        self
-    }
-
-    /// The floor as a rate: `min_per_sec` retries for every second of the window
-    /// (replaces [`min_retries`](Self::min_retries)).
-    pub fn min_per_sec(mut self, min_per_sec: u32) -> Self {
-        self.floor = Floor::PerSecond(min_per_sec);
-        self
-    }
-
-    /// The most retries per original request the budget grants at any moment:
-    /// retries are spent at most at `pace` times the recent rate of original requests
-    /// (measured over the last bucket, a tenth of the window), with at most 100 ms of
-    /// that rate at once, whatever the balance; `None` spends the balance as fast as
-    /// retries come, from 0.01 to 10 \[None; see [`DEFAULT_PACE`]\].
-    ///
-    /// A budget that charged every retry would need a pace, or it would spend the
-    /// savings of a healthy stretch at an outage's onset. Charged for waste only, the
-    /// savings are what lets a blip be ridden out, and a pace mostly refuses the retries
-    /// that would have succeeded (a burst of failures at a quiet client gets few
-    /// retries). It is kept for callers that want a rate bound on retries whatever they
-    /// achieve.
-    pub fn pace(mut self, pace: Option<f64>) -> Self {
-        self.pace = pace;
-        self
-    }
-
     /// The dependency's name: the `service` label of the budget's gauges
     /// (`retry_budget_remaining`, `retry_ratio`) under stormguard's `metrics` feature
     /// \[none: the name of the policy that draws from it\].
@@ -819,15 +712,6 @@ impl RetryBudgetBuilder {
 
     /// Checks the settings and makes the budget.
     pub fn build(self) -> Result<RetryBudget, ConfigError> {
-        if let Some(pace) = self.pace {
-            if !(0.01..=10.0).contains(&pace) {
-                return Err(ConfigError::invalid(
-                    "budget pace",
-                    pace,
-                    "from 0.01 to 10, or None",
-                ));
-            }
-        }
         if !(0.0..=1.0).contains(&self.ratio) {
             return Err(ConfigError::invalid(
                 "budget ratio",
@@ -847,31 +731,17 @@ impl RetryBudgetBuilder {
     }
 
     fn make(self) -> RetryBudget {
-        let min_retries = match self.floor {
-            Floor::PerWindow(n) => f64::from(n),
-            Floor::PerSecond(n) => f64::from(n) * self.window.as_secs_f64(),
-        };
-        let reserve = min_retries * UNIT as f64;
         RetryBudget {
             state: Arc::new(State {
                 origin: self.origin.map_or_else(OnceLock::new, OnceLock::from),
                 bucket_nanos: (self.window.as_nanos() / u128::from(DEPOSIT_BUCKETS)) as u64,
                 deposit_units: (self.ratio * UNIT as f64).round() as i64,
-                reserve_units: reserve.round().min((1u64 << 60) as f64) as i64,
                 ratio: self.ratio,
                 window: self.window,
-                min_retries: min_retries.min(u64::MAX as f64) as u64,
-                // A floor replaces the allowance (it is a grant of every window).
-                allowance: if reserve > 0.0 { 0 } else { self.allowance },
-                allowance_left: AtomicU64::new(if reserve > 0.0 {
-                    0
-                } else {
-                    u64::from(self.allowance) * UNIT as u64
-                }),
-                pace: self.pace,
+                allowance: self.allowance,
+                allowance_left: AtomicU64::new(u64::from(self.allowance) * UNIT as u64),
                 name: self.name.map(String::into_boxed_str),
                 observer: OnceLock::new(),
-                spend: Pace::new(),
                 clock: AtomicU64::new(0),
                 roll: Mutex::new(()),
                 deposits: Ring(Default::default()),
@@ -887,15 +757,12 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    /// An unpaced budget without an allowance: these tests check the window's
-    /// arithmetic.
-    fn budget(ratio: f64, window_secs: u64, min_per_sec: u32) -> RetryBudget {
+    /// A budget without an allowance: these tests check the window's arithmetic.
+    fn budget(ratio: f64, window_secs: u64) -> RetryBudget {
         RetryBudget::builder()
             .ratio(ratio)
             .window(Duration::from_secs(window_secs))
-            .min_per_sec(min_per_sec)
             .allowance(0)
-            .pace(None)
             .build()
             .expect("valid budget")
     }
@@ -911,7 +778,7 @@ mod tests {
     #[test]
     fn exact_ratio_at_one_instant() {
         for (ratio, expected) in [(0.1, 10_000), (0.6, 60_000), (1.0, 100_000), (0.0, 0)] {
-            let b = budget(ratio, 10, 0);
+            let b = budget(ratio, 10);
             let now = b.t0();
             for _ in 0..100_000 {
                 b.deposit(now);
@@ -923,7 +790,7 @@ mod tests {
 
     #[test]
     fn deposits_older_than_the_window_no_longer_pay() {
-        let b = budget(0.1, 10, 0);
+        let b = budget(0.1, 10);
         let t0 = b.t0();
         for _ in 0..100 {
             b.deposit(t0);
@@ -935,7 +802,7 @@ mod tests {
 
     #[test]
     fn withdrawals_expire_with_the_window_too() {
-        let b = budget(0.5, 10, 0);
+        let b = budget(0.5, 10);
         let t0 = b.t0();
         for _ in 0..4 {
             b.deposit(t0);
@@ -949,70 +816,6 @@ mod tests {
         assert_eq!(withdraw_all(&b, later), 2);
         // Once the first bucket leaves, only its own deposits and retries leave with it.
         assert_eq!(b.available(t0 + Duration::from_secs(12)), 0);
-    }
-
-    #[test]
-    fn floor_lets_a_quiet_client_retry() {
-        let b = budget(0.1, 10, 1);
-        let now = b.t0();
-        assert_eq!(withdraw_all(&b, now), 10, "1/s over 10 s");
-        assert_eq!(withdraw_all(&b, now + Duration::from_secs(5)), 0);
-        // Retries are charged for a whole window (rounded up to a bucket).
-        assert_eq!(withdraw_all(&b, now + Duration::from_secs(10)), 0);
-        assert_eq!(withdraw_all(&b, now + Duration::from_secs(11)), 10);
-    }
-
-    #[test]
-    fn the_pace_spreads_the_floor_and_the_savings() {
-        // v0.2's defaults, now asked for: a floor of one a window, paced at 0.5.
-        let v02 = || {
-            RetryBudget::builder()
-                .min_retries(1)
-                .allowance(0)
-                .pace(Some(DEFAULT_PACE))
-        };
-        // The floor alone: one retry a window, and no more.
-        let b = v02().build().expect("budget");
-        let now = b.t0() + Duration::from_secs(60);
-        let per_second: Vec<u64> = (0..12)
-            .map(|s| withdraw_all(&b, now + Duration::from_secs(s)))
-            .collect();
-        assert_eq!(per_second, [1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
-        // Ten a window, spread at one a second after a burst of two.
-        let b = v02().min_per_sec(1).build().expect("budget");
-        let per_second: Vec<u64> = (0..12)
-            .map(|s| withdraw_all(&b, now + Duration::from_secs(s)))
-            .collect();
-        assert_eq!(per_second, [2, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 2]);
-
-        // Ten healthy seconds at 1,000 requests a second save 1,000 retries; an outage
-        // may spend them at half the request rate, 50 every 100 ms, plus 100 ms of it
-        // at its onset.
-        let b = v02().build().expect("budget");
-        let t0 = b.t0() + Duration::from_secs(60);
-        for ms in 0..10_000 {
-            b.deposit(t0 + Duration::from_millis(ms));
-        }
-        let onset = t0 + Duration::from_secs(10);
-        let mut granted = Vec::new();
-        for tenth in 0..5 {
-            let at = onset + Duration::from_millis(100 * tenth);
-            // A hundred failed first tries in each tenth, each retried at once.
-            let mut n = 0;
-            for _ in 0..100 {
-                b.deposit(at);
-                n += u64::from(b.try_withdraw(at));
-            }
-            granted.push(n);
-        }
-        assert_eq!(granted, [50, 50, 50, 50, 50]);
-        let unpaced = budget(0.1, 10, 1);
-        for ms in 0..10_000 {
-            unpaced.deposit(t0 + Duration::from_millis(ms));
-        }
-        // Unpaced, the window's savings (about 10% of 10 s, plus the floor) go at once.
-        let at_once = withdraw_all(&unpaced, onset);
-        assert!((900..=1_010).contains(&at_once), "{at_once}");
     }
 
     /// The defaults, counted from a known origin.
@@ -1147,18 +950,6 @@ mod tests {
     }
 
     #[test]
-    fn a_floor_replaces_the_allowance() {
-        let b = RetryBudget::builder()
-            .min_retries(1)
-            .build()
-            .expect("budget");
-        assert_eq!((b.allowance(), b.allowance_left()), (0, 0));
-        let now = b.t0() + Duration::from_secs(60);
-        // One retry of room a window, and only that.
-        assert!(b.admit(now, 1) && !b.admit(now, 0));
-    }
-
-    #[test]
     fn a_burst_is_admitted_whole_and_paid_for_afterwards() {
         // 50 requests fail at one instant: every one may retry, and retry again, since
         // none has ended unserved yet.
@@ -1186,7 +977,7 @@ mod tests {
 
     #[test]
     fn a_year_idle_costs_nothing_special() {
-        let b = budget(0.1, 10, 0);
+        let b = budget(0.1, 10);
         let t0 = b.t0();
         for _ in 0..100 {
             b.deposit(t0);
@@ -1201,7 +992,7 @@ mod tests {
 
     #[test]
     fn stamps_that_wrap_do_not_bring_old_buckets_back() {
-        let b = budget(1.0, 10, 0);
+        let b = budget(1.0, 10);
         let t0 = b.t0();
         for _ in 0..50 {
             b.deposit(t0);
@@ -1216,7 +1007,7 @@ mod tests {
 
     #[test]
     fn time_never_runs_backwards() {
-        let b = budget(1.0, 10, 0);
+        let b = budget(1.0, 10);
         let t0 = b.t0();
         b.deposit(t0 + Duration::from_secs(30));
         // An operation stamped earlier than one already seen counts as now.
@@ -1227,11 +1018,11 @@ mod tests {
     #[test]
     fn state_is_constant_and_small() {
         assert_eq!(RetryBudget::STATE_BYTES, std::mem::size_of::<State>());
-        // 24 atomics (two rings, the clock, the allowance and the pace), the roll-over
+        // 23 atomics (two rings, the clock, the allowance), the roll-over
         // lock, the configuration (its name a pointer and a length) and the roll-over
         // observer's slot, on 64-bit Linux.
         #[cfg(all(target_pointer_width = "64", target_os = "linux"))]
-        assert_eq!(RetryBudget::STATE_BYTES, 344);
+        assert_eq!(RetryBudget::STATE_BYTES, 304);
         let named = RetryBudget::builder().name("payments").build();
         assert_eq!(named.ok().as_ref().and_then(|b| b.name()), Some("payments"));
         assert_eq!(RetryBudget::default().name(), None);
@@ -1280,7 +1071,6 @@ mod tests {
             .ratio(0.25)
             .window(Duration::from_secs(4))
             .allowance(3)
-            .pace(Some(0.5))
             .name("db")
             .origin(t0)
             .build()
@@ -1288,20 +1078,12 @@ mod tests {
         assert_eq!(b.ratio(), 0.25);
         assert_eq!(b.window(), Duration::from_secs(4));
         assert_eq!(b.allowance(), 3);
-        assert_eq!(b.pace(), Some(0.5));
-        assert_eq!(b.min_retries(), 0);
         assert_eq!(b.name(), Some("db"));
         assert_eq!(b.t0(), t0);
         assert_eq!(
             format!("{b:?}"),
-            "RetryBudget { ratio: 0.25, window: 4s, min_retries: 0, allowance: 3, \
-             pace: Some(0.5), name: Some(\"db\"), .. }"
+            "RetryBudget { ratio: 0.25, window: 4s, allowance: 3, name: Some(\"db\"), .. }"
         );
-        let floor = RetryBudget::builder()
-            .min_retries(2)
-            .build()
-            .expect("valid");
-        assert_eq!(floor.min_retries(), 2);
     }
 
     #[test]
@@ -1367,28 +1149,8 @@ mod tests {
     }
 
     #[test]
-    fn the_pace_follows_the_request_rate_whatever_the_window() {
-        // A 1 s window, in buckets of 100 ms: 100 requests in one bucket are a rate of
-        // 1,000 a second, paced at 0.5 to 500 retries a second, 50 in 100 ms: enough
-        // for the 10 retries they saved.
-        let t0 = Instant::now();
-        let b = RetryBudget::builder()
-            .window(Duration::from_secs(1))
-            .allowance(0)
-            .pace(Some(0.5))
-            .origin(t0)
-            .build()
-            .expect("valid");
-        let at = t0 + Duration::from_secs(60);
-        for _ in 0..100 {
-            b.deposit(at);
-        }
-        assert_eq!(withdraw_all(&b, at + Duration::from_millis(50)), 10);
-    }
-
-    #[test]
     fn clones_share_one_state_across_threads() {
-        let b = budget(0.1, 10, 0);
+        let b = budget(0.1, 10);
         let now = b.t0();
         std::thread::scope(|s| {
             for _ in 0..4 {
@@ -1413,7 +1175,7 @@ mod tests {
     /// passed and the clock when it returned (the budget counts it in one of those, since
     /// its time never runs backwards). For every epoch `E` in which a retry was certainly
     /// granted, the retries certainly granted in the window ending at `E` may not exceed
-    /// `ratio` x the deposits possibly made in it, plus the floor: no slack at all.
+    /// `ratio` x the deposits possibly made in it: no slack at all.
     #[test]
     fn contention_never_grants_past_the_bound() {
         use std::collections::BTreeMap;
@@ -1424,8 +1186,8 @@ mod tests {
         // 9.5 retries too many in a window at 8 threads.)
         const TICK_NANOS: u64 = 50_000_000;
         const OPS_PER_THREAD: u64 = 50_000;
-        for (threads, ratio, min_per_sec) in [(2, 1.0, 0), (4, 0.1, 0), (8, 1.0, 0), (8, 0.5, 1)] {
-            let b = budget(ratio, 10, min_per_sec);
+        for (threads, ratio) in [(2, 1.0), (4, 0.1), (8, 1.0), (8, 0.5)] {
+            let b = budget(ratio, 10);
             let origin = b.t0();
             let ticks = AtomicU64::new(0);
             let epoch_of = |tick: u64| tick * TICK_NANOS / b.state.bucket_nanos;
@@ -1508,7 +1270,7 @@ mod tests {
                         .sum::<u64>();
                 // Possibly in [first, e]: all but those ending before it or starting after.
                 let paid = total - dep_hi[first] - (total - dep_lo[e + 1]);
-                let allowed = paid as i64 * b.state.deposit_units + b.state.reserve_units;
+                let allowed = paid as i64 * b.state.deposit_units;
                 worst = worst.max(granted as i64 * UNIT - allowed);
             }
             assert!(
@@ -1538,16 +1300,15 @@ mod tests {
 
     proptest! {
         /// Over any window that ends at a granted retry, the retries granted in it never
-        /// exceed ratio x the deposits made in it plus the floor.
+        /// exceed ratio x the deposits made in it.
         #[test]
         fn granted_never_exceed_the_bound(
             ratio_ten_thousandths in 0u32..=10_000,
-            min_per_sec in 0u32..3,
             ops in proptest::collection::vec(op(), 1..400),
         ) {
             let ratio = f64::from(ratio_ten_thousandths) / 10_000.0;
             let window = Duration::from_secs(10);
-            let b = RetryBudget::builder().ratio(ratio).window(window).min_per_sec(min_per_sec).allowance(0).pace(Some(DEFAULT_PACE)).build().expect("valid");
+            let b = budget(ratio, 10);
             let mut now = b.t0();
             let (mut deposits, mut grants) = (Vec::new(), Vec::new());
             for op in ops {
@@ -1558,9 +1319,8 @@ mod tests {
                         let from = now.checked_sub(window).unwrap_or(b.t0());
                         let granted = grants.iter().filter(|t| **t > from).count() as f64;
                         let paid = deposits.iter().filter(|t| **t > from).count() as f64;
-                        let floor = f64::from(min_per_sec) * window.as_secs_f64();
-                        prop_assert!(granted <= ratio * paid + floor + 1e-9,
-                            "{granted} granted, {paid} deposits, floor {floor}");
+                        prop_assert!(granted <= ratio * paid + 1e-9,
+                            "{granted} granted, {paid} deposits");
                     },
                     Op::Advance(nanos) => now += Duration::from_nanos(nanos),
                 }
@@ -1573,7 +1333,7 @@ mod tests {
             ratio_ten_thousandths in 0u32..=10_000,
             deposits in 0u32..5_000,
         ) {
-            let b = budget(f64::from(ratio_ten_thousandths) / 10_000.0, 10, 0);
+            let b = budget(f64::from(ratio_ten_thousandths) / 10_000.0, 10);
             let now = b.t0();
             for _ in 0..deposits { b.deposit(now); }
             let expected = u64::from(deposits) * u64::from(ratio_ten_thousandths) / 10_000;

@@ -37,7 +37,6 @@ mod error;
 pub mod hedge;
 pub mod limit;
 pub mod methods;
-mod pace;
 pub mod redelivery;
 pub mod retry;
 pub mod retry_after;

@@ -1,5 +1,5 @@
-//! A loom model of the lock-free parts: the budget's roll-over, its pace's token bucket,
-//! the breaker's half-open probe admission and the load limit's admission. Built only with `--cfg loom`, which swaps their atomics and
+//! A loom model of the lock-free parts: the budget's roll-over, the breaker's half-open
+//! probe admission and the load limit's admission. Built only with `--cfg loom`, which swaps their atomics and
 //! locks for loom's (see `sync`); run it with
 //!
 //! ```text
@@ -10,9 +10,8 @@
 //!
 //! Loom runs every test closure under every interleaving of the threads' atomic
 //! operations (up to the preemption bound), checking the invariants the docs promise:
-//! retries granted <= ratio x deposits + floor, with no per-thread slack; a charge is
-//! never lost to the roll-over that carries its bucket out of the window; the pace
-//! grants exactly the tokens it holds; never more probes in flight than `probes`; and a
+//! retries granted <= ratio x deposits, with no per-thread slack; a charge is never
+//! lost to the roll-over that carries its bucket out of the window; never more probes in flight than `probes`; and a
 //! failed probe re-opens the circuit whatever races it; the load limit admits exactly its
 //! limit.
 
@@ -122,7 +121,7 @@ fn budget_jump_past_the_window_races_a_withdrawal() {
 }
 
 /// Deposits and withdrawals racing across a boundary: the grants never run ahead of the
-/// deposits they could have seen (ratio 1, no floor, all in one window).
+/// deposits they could have seen (ratio 1, all in one window).
 #[test]
 fn budget_deposits_racing_withdrawals() {
     model("budget_deposits_racing_withdrawals", || {
@@ -286,33 +285,6 @@ fn breaker_failed_probe_reopens_while_a_slot_is_taken() {
         failer.join().expect("no panic");
         taker.join().expect("no panic");
         assert_eq!(breaker.state(later), CircuitState::Open);
-    });
-}
-
-/// The budget's pace: three retries racing for a bucket of two (a fresh pace holds its
-/// least burst, two retries, and refills nothing at a rate of 0) get exactly two; a
-/// compare-and-swap lost to another take is tried again, never granted twice.
-#[test]
-fn pace_grants_exactly_its_tokens_to_racing_retries() {
-    use crate::pace::Pace;
-    model("pace_grants_exactly_its_tokens_to_racing_retries", || {
-        let pace = Arc::new(Pace::new());
-        let granted = racing(&pace, 3, |pace| pace.try_take(1_000, 0.0));
-        assert_eq!(granted, 2);
-        assert!(!pace.try_take(1_000, 0.0), "the bucket is empty");
-    });
-}
-
-/// A refill racing a take: at 10 retries a second, 100 ms refills one retry into an
-/// emptied bucket, which one of two racing takes gets, whichever thread stamps it.
-#[test]
-fn pace_refill_is_granted_once_to_racing_retries() {
-    use crate::pace::Pace;
-    model("pace_refill_is_granted_once_to_racing_retries", || {
-        let pace = Arc::new(Pace::new());
-        assert!(pace.try_take(0, 10.0) && pace.try_take(0, 10.0));
-        let granted = racing(&pace, 2, |pace| pace.try_take(100, 10.0));
-        assert_eq!(granted, 1);
     });
 }
 

@@ -329,12 +329,10 @@ pub fn candidates(attempts: u32) -> Result<Vec<(String, Strategy)>, String> {
                 .build()
                 .map_err(|e| e.to_string())
         };
-    let budget = |min_retries: u32, pace: Option<f64>| BudgetKind::Core {
+    let no_allowance = BudgetKind::Core {
         ratio: 0.1,
         window: Duration::from_secs(10),
-        min_retries,
         allowance: 0,
-        pace,
     };
     let mut out = Vec::new();
     let mut add = |label: &str, budget: Option<BudgetKind>, mode: Option<BreakerMode>| {
@@ -350,18 +348,8 @@ pub fn candidates(attempts: u32) -> Result<Vec<(String, Strategy)>, String> {
     };
     add("budget only (defaults)", None, Some(BreakerMode::Off));
     add(
-        "budget only, 1/window floor + pace",
-        Some(budget(1, Some(0.5))),
-        Some(BreakerMode::Off),
-    );
-    add(
-        "budget only, 1/s floor, unpaced",
-        Some(budget(10, None)),
-        Some(BreakerMode::Off),
-    );
-    add(
         "budget only, no allowance",
-        Some(budget(0, None)),
+        Some(no_allowance),
         Some(BreakerMode::Off),
     );
     add("defaults: 2s/0.95/50 in a row/25ms", None, None);

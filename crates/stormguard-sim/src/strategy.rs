@@ -78,12 +78,8 @@ pub enum BudgetKind {
         /// Rolling window: a whole number of 10 ms (the core is given time in whole
         /// milliseconds, and its buckets are a tenth of the window).
         window: Duration,
-        /// Floor: retries per window granted without deposits.
-        min_retries: u32,
         /// Retries a new client may waste before it has a window of its own.
         allowance: u32,
-        /// The most retries per original request at any moment (`None`: unpaced).
-        pace: Option<f64>,
     },
     /// tower 0.5's `TpsBudget(ttl, min_per_sec, retry_percent)`: each request deposits 1,
     /// each retry withdraws `floor(1 / retry_percent)`, the balance is the deposits minus
@@ -194,9 +190,7 @@ impl Strategy {
             BudgetKind::Core {
                 ratio: b.ratio(),
                 window: b.window(),
-                min_retries: u32::try_from(b.min_retries()).unwrap_or(u32::MAX),
                 allowance: b.allowance(),
-                pace: b.pace(),
             }
         };
         // 200 ms to 20 s, whatever the core's defaults become.
@@ -320,9 +314,7 @@ impl Strategy {
             budget: BudgetKind::Core {
                 ratio: budget.ratio(),
                 window: budget.window(),
-                min_retries: u32::try_from(budget.min_retries()).unwrap_or(u32::MAX),
                 allowance: budget.allowance(),
-                pace: budget.pace(),
             },
             breaker: match &settings.breaker {
                 Some(breaker) => BreakerMode::AllCalls(breaker.config.clone()),
@@ -400,16 +392,12 @@ impl ClientState {
             BudgetKind::Core {
                 ratio,
                 window,
-                min_retries,
                 allowance,
-                pace,
             } => BudgetState::Core(
                 RetryBudget::builder()
                     .ratio(ratio)
                     .window(window)
-                    .min_retries(min_retries)
                     .allowance(allowance)
-                    .pace(pace)
                     .origin(origin)
                     .build()
                     .map_err(|e| e.to_string())?,

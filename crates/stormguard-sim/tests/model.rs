@@ -145,9 +145,7 @@ fn the_budget_is_the_cores_and_so_are_its_errors() {
     s.budget = BudgetKind::Core {
         ratio: 1.5,
         window: Duration::from_secs(10),
-        min_retries: 1,
         allowance: 0,
-        pace: Some(0.5),
     };
     let err = run(&fleet(10, 5.0, Scenario::Outage), &s).unwrap_err();
     assert_eq!(err, "invalid budget ratio: 1.5 (allowed: from 0.0 to 1.0)");
@@ -158,7 +156,7 @@ fn the_budget_is_the_cores_and_so_are_its_errors() {
     let err = run(&fleet(10, 5.0, Scenario::Outage), &s).unwrap_err();
     assert!(err.starts_with("invalid max_tokens: 2000.0"), "{err}");
 
-    // A shared core budget of 10% without floor or allowance, in a total outage from
+    // A shared core budget of 10% without an allowance, in a total outage from
     // the start: the retries are what RetryBudget admits, a tenth of the requests, and
     // at most one overdraft of the requests then in flight (each may spend its two
     // retries before the first of them is charged, and one more may take the last
@@ -166,9 +164,7 @@ fn the_budget_is_the_cores_and_so_are_its_errors() {
     s.budget = BudgetKind::Core {
         ratio: 0.1,
         window: Duration::from_secs(10),
-        min_retries: 0,
         allowance: 0,
-        pace: None,
     };
     let mut cfg = fleet(20, 30.0, Scenario::Outage);
     cfg.shared = true;

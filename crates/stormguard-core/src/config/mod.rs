@@ -30,8 +30,6 @@
 //! ratio = 0.1                            # wasted retries per request [0.1]
 //! window = "10s"                         # [10s]
 //! allowance = 1                          # savings carried over [1]
-//! min_retries = 0                        # per window, clock-keyed [0]
-//! pace = false                           # or a number [false]
 //!
 //! [dependencies.payments.breaker]        # on by default; enabled = false turns it off
 //! window = "2s"
@@ -424,22 +422,7 @@ fn read_budget(mut t: Table<'_>) -> Result<RetryBudgetBuilder, ConfigError> {
     if let Some(n) = t.u32_in("allowance", 0, u32::MAX)? {
         budget = budget.allowance(n);
     }
-    if let Some(n) = t.u32_in("min_retries", 0, u32::MAX)? {
-        budget = budget.min_retries(n);
-    }
-    match t.value("pace") {
-        None => {}
-        Some(Value::Bool(false)) => budget = budget.pace(None),
-        Some(v) => match v.as_f64() {
-            Some(pace) => budget = budget.pace(Some(pace)),
-            None => return Err(read::wrong(t.path_of("pace"), "a number or false", v)),
-        },
-    }
-    let keys = [
-        ("budget ratio", "ratio"),
-        ("budget window", "window"),
-        ("budget pace", "pace"),
-    ];
+    let keys = [("budget ratio", "ratio"), ("budget window", "window")];
     budget.clone().build().map_err(|e| locate(&t, e, &keys))?;
     t.finish()?;
     Ok(budget)
@@ -752,7 +735,7 @@ mod tests {
         );
         for text in [
             "[dependencies.a.budget]\nratio = inf",
-            "[dependencies.a.budget]\npace = -inf",
+            "[dependencies.a.budget]\nratio = -inf",
             "[dependencies.a.retry]\nmax_attempts = 9223372036854775807",
             "[dependencies.a.retry]\nmax_attempts = -9223372036854775808",
             "[dependencies.a.retry]\nmax_replay_bytes = -1",
@@ -900,7 +883,7 @@ mod tests {
     fn json_reads_the_same_shape() {
         let settings = Settings::from_json(
             r#"{"dependencies": {"users": {"retry": {"max_attempts": 2},
-                "hedging": {"delay": "30ms"}, "budget": {"pace": false}}}}"#,
+                "hedging": {"delay": "30ms"}, "budget": {"allowance": 3}}}}"#,
         )
         .expect("valid");
         let users = settings.dependency("users").expect("users");
@@ -908,6 +891,6 @@ mod tests {
         let hedging = users.hedging.as_ref().expect("hedging on");
         assert_eq!(hedging.delay, Some(Duration::from_millis(30)));
         let budget = users.budget.clone().build().expect("checked");
-        assert_eq!(budget.pace(), None);
+        assert_eq!(budget.allowance(), 3);
     }
 }
