@@ -119,6 +119,60 @@
 //! which each retry rewrites to the time that remains. Across a chain of services retries
 //! multiply; the [`signals`](crate::signals) module stops that.
 //!
+//! The retry layer reads tokio's clock: a deadline on that clock is
+//! [`deadline_in`]`(total)`, which a test on paused time can use too.
+//!
+//! # Testing your service with paused time
+//!
+//! On paused time (`#[tokio::test(start_paused = true)]`) the layers' backoffs, waits and
+//! timeouts pass at once and to the nanosecond. Seed the policy for the same jitter on
+//! every run; and mind that the default budget is a new client's (an allowance of one
+//! retry's worth of savings): a test whose subject is not the budget gives it room.
+//!
+//! ```rust
+//! use std::sync::atomic::{AtomicU32, Ordering};
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//!
+//! use stormguard::{RetryBudget, RetryLayer, RetryPolicy};
+//! use tower::{Layer, ServiceExt};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let runtime = tokio::runtime::Builder::new_current_thread()
+//!     .enable_time()
+//!     .start_paused(true)
+//!     .build()?;
+//! runtime.block_on(async {
+//!     // A service that fails twice with a 503, then answers.
+//!     let calls = Arc::new(AtomicU32::new(0));
+//!     let counted = calls.clone();
+//!     let flaky = tower::service_fn(move |_req: http::Request<String>| {
+//!         let n = counted.fetch_add(1, Ordering::SeqCst);
+//!         async move {
+//!             let status = if n < 2 { 503 } else { 200 };
+//!             http::Response::builder().status(status).body(String::new())
+//!         }
+//!     });
+//!     let policy = RetryPolicy::builder()
+//!         .seed(7)
+//!         .budget(RetryBudget::builder().allowance(100).build()?)
+//!         .build()?;
+//!     let started = tokio::time::Instant::now();
+//!     let mut request = http::Request::new(String::new());
+//!     request
+//!         .extensions_mut()
+//!         .insert(stormguard::retry::deadline_in(Duration::from_secs(5)));
+//!     let response = RetryLayer::new(policy).layer(flaky).oneshot(request).await?;
+//!     assert_eq!(response.status(), 200);
+//!     assert_eq!(calls.load(Ordering::SeqCst), 3);
+//!     // Two full-jitter backoffs (up to 200 ms, then 400 ms), on paused time.
+//!     assert!(started.elapsed() <= Duration::from_millis(600));
+//!     Ok::<_, Box<dyn std::error::Error>>(())
+//! })?;
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! # gRPC and tonic
 //!
 //! The policy honours `grpc-retry-pushback-ms` and sends `grpc-previous-rpc-attempts`;
@@ -176,6 +230,22 @@ pub(crate) use request::{is_grpc, safe_to_repeat};
 pub use service::Retry;
 pub use shared::RetryStats;
 pub use wait::Wait;
+
+/// A [`Deadline`](crate::Deadline) `total` from now by tokio's clock, the one the retry
+/// layer reads (so it moves with paused time in a test): put it in a request's
+/// extensions to tell the layer when its caller stops waiting.
+///
+/// ```
+/// use std::time::Duration;
+///
+/// let mut request = http::Request::new(());
+/// request
+///     .extensions_mut()
+///     .insert(stormguard::retry::deadline_in(Duration::from_secs(2)));
+/// ```
+pub fn deadline_in(total: std::time::Duration) -> crate::Deadline {
+    crate::Deadline::after(tokio::time::Instant::now().into_std(), total)
+}
 
 #[cfg(feature = "hyper-util")]
 use handoff::Handoff;
