@@ -262,18 +262,7 @@ struct HedgeHandles {
     budget_refused: Counter,
 }
 
-/// What a hedged request did, for [`HedgeMetrics::record`].
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum HedgeEvent {
-    /// A hedge was sent.
-    Sent,
-    /// A hedge's response won.
-    Won,
-    /// Copies dropped once another won.
-    Cancelled,
-    /// The budget refused a hedge.
-    BudgetRefused,
-}
+pub(crate) use crate::hedge::HedgeEvent;
 
 impl HedgeMetrics {
     pub(crate) fn record(&self, service: &str, event: HedgeEvent, n: u64) {

@@ -13,7 +13,7 @@ use stormguard_core::classify::{GrpcCodeSet, GRPC_PREVIOUS_RPC_ATTEMPTS};
 use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
-use super::{add, HedgePolicy, Stop, Verdict};
+use super::{add, HedgeEvent, HedgePolicy, Stop, Verdict};
 use crate::body::ReplayHandle;
 
 pin_project! {
@@ -376,8 +376,7 @@ where
         });
         self.sent += 1;
         add(&self.policy.counters().hedges_sent, 1);
-        #[cfg(feature = "metrics")]
-        self.policy.count(crate::metrics::HedgeEvent::Sent, 1);
+        self.policy.count(HedgeEvent::Sent, 1);
         tracing::debug!(
             target: "stormguard::hedge",
             attempt = self.sent,
@@ -396,9 +395,7 @@ where
         match why {
             Stop::Budget => {
                 add(&counters.budget_denied, 1);
-                #[cfg(feature = "metrics")]
-                self.policy
-                    .count(crate::metrics::HedgeEvent::BudgetRefused, 1);
+                self.policy.count(HedgeEvent::BudgetRefused, 1);
             }
             _ => add(&counters.suppressed, 1),
         }
@@ -410,15 +407,12 @@ where
         let counters = self.policy.counters();
         let cancelled = self.attempts.len() as u64;
         add(&counters.cancelled, cancelled);
-        #[cfg(feature = "metrics")]
-        self.policy
-            .count(crate::metrics::HedgeEvent::Cancelled, cancelled);
+        self.policy.count(HedgeEvent::Cancelled, cancelled);
         self.attempts.clear();
         self.next = None;
         if winner > 0 {
             add(&counters.hedges_won, 1);
-            #[cfg(feature = "metrics")]
-            self.policy.count(crate::metrics::HedgeEvent::Won, 1);
+            self.policy.count(HedgeEvent::Won, 1);
             tracing::debug!(target: "stormguard::hedge", attempt = winner + 1, "hedge won");
         }
     }

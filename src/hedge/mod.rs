@@ -236,6 +236,19 @@ struct Shared {
     metrics: crate::metrics::HedgeMetrics,
 }
 
+/// What a hedged request did, for the metrics.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum HedgeEvent {
+    /// A hedge was sent.
+    Sent,
+    /// A hedge's response won.
+    Won,
+    /// Copies dropped once another won.
+    Cancelled,
+    /// The budget refused a hedge.
+    BudgetRefused,
+}
+
 /// When and how often to hedge; see the [module docs](self).
 ///
 /// `HedgePolicy::default()`: 2 attempts (one hedge), the delay the 95th percentile of
@@ -316,9 +329,12 @@ impl HedgePolicy {
     }
 
     /// Counts a hedge event in the `metrics` feature's series.
-    #[cfg(feature = "metrics")]
-    pub(crate) fn count(&self, event: crate::metrics::HedgeEvent, n: u64) {
+    /// Records `n` of `event` (with the `metrics` feature; nothing without it).
+    pub(crate) fn count(&self, event: HedgeEvent, n: u64) {
+        #[cfg(feature = "metrics")]
         self.shared.metrics.record(&self.shared.name, event, n);
+        #[cfg(not(feature = "metrics"))]
+        let _ = (event, n);
     }
 
     /// The name its `metrics` series carry as their `service` label.
