@@ -640,6 +640,12 @@ async fn through_tonic(per_connection: usize, close: Close) {
 #[cfg(feature = "reqwest")]
 async fn through_reqwest(protocol: Protocol, per_connection: usize, close: Close) {
     let (addr, processed, _) = draining_server(protocol, per_connection, close).await;
+    reqwest_to(protocol, addr, &processed).await;
+}
+
+/// [`through_reqwest`] to the server at `addr`, whose backend records `processed`.
+#[cfg(feature = "reqwest")]
+async fn reqwest_to(protocol: Protocol, addr: SocketAddr, processed: &Processed) {
     let policy = RetryPolicy::default();
     let breaker = CircuitBreaker::default();
     let failures = run_with(
@@ -647,7 +653,7 @@ async fn through_reqwest(protocol: Protocol, per_connection: usize, close: Close
         addr,
     )
     .await;
-    let (posts_twice, gets_twice) = processed_twice(&processed);
+    let (posts_twice, gets_twice) = processed_twice(processed);
     let unprocessed = {
         let processed = processed.lock().expect("lock");
         failures
@@ -1037,6 +1043,9 @@ async fn nginx_test(protocol: Protocol) -> Result<(), BoxError> {
         draining_server(Protocol::Http1, usize::MAX, Close::Lingering).await;
     let (backend, processed, _) =
         draining_server(Protocol::Http1, usize::MAX, Close::Lingering).await;
+    #[cfg(feature = "reqwest")]
+    let (reqwest_backend, reqwest_processed, _) =
+        draining_server(Protocol::Http1, usize::MAX, Close::Lingering).await;
     // Draining every client connection after NGINX_KEEPALIVE_REQUESTS requests, as a
     // production nginx does every `keepalive_requests` (1000 by default; 50 here, so
     // that 2,000 requests meet 40 drains or more). Over HTTP/2 a drain is nginx's
@@ -1063,6 +1072,11 @@ async fn nginx_test(protocol: Protocol) -> Result<(), BoxError> {
         ],
     )
     .await;
+    #[cfg(feature = "reqwest")]
+    {
+        let nginx = Nginx::start(http2, reqwest_backend, conf).await?;
+        reqwest_to(protocol, nginx.addr, &reqwest_processed).await;
+    }
     Ok(())
 }
 
