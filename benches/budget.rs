@@ -13,7 +13,8 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use stormguard::RetryBudget;
 use tower::retry::budget::{Budget, TpsBudget};
 
-/// Both budgets configured alike: 10% over 10 s, a floor of 1 retry/s.
+/// Both budgets at 10% over 10 s: ours with its default allowance, tower's with a floor
+/// of 1 retry/s (its reserve).
 fn budgets() -> (RetryBudget, TpsBudget) {
     let ours = RetryBudget::builder()
         .ratio(0.1)

@@ -1,5 +1,5 @@
 //! Deciding what an outcome means, ahead of the built-in rules: the [`Classify`] seam
-//! that the retry layer and the circuit breaker share.
+//! that the retry layer, the hedge and the circuit breaker share.
 //!
 //! By default an answer is judged by its status or its gRPC code (the sets of
 //! [`RetryPolicyBuilder::retryable_statuses`](crate::retry::RetryPolicyBuilder::retryable_statuses)
@@ -7,11 +7,15 @@
 //! [`source()`](std::error::Error::source) chain holds (see [`crate::retry`]'s table). A
 //! classifier is asked first: an answer from the head of a response, an error for each
 //! link of its chain, the outermost first. Where it answers `None`, the built-in rules
-//! decide.
+//! decide. What the built-in rules settle of an error is not asked: an open circuit or a
+//! shed call (never retried), a proof that the request was never processed or never
+//! sent, a drain's GOAWAY (retried only with a proof), a body of the caller's that failed.
 //!
-//! The simple cases are closures on the builders:
-//! [`retry_on_response`](crate::retry::RetryPolicyBuilder::retry_on_response) and
-//! [`retry_on_error`](crate::retry::RetryPolicyBuilder::retry_on_error).
+//! The simple cases are closures on the policy's builder, which only add retries:
+//! [`retry_on_response`](crate::retry::RetryPolicyBuilder::retry_on_response) (of answers
+//! the status and code sets call permanent) and
+//! [`retry_on_error`](crate::retry::RetryPolicyBuilder::retry_on_error) (of errors the
+//! built-in rules do not recognise).
 //!
 //! ```
 //! use http::{HeaderMap, StatusCode};
@@ -44,9 +48,10 @@
 //!
 //! The retry layer sees the error type of the service it wraps. A boxed error
 //! ([`BoxError`](crate::BoxError)), and the error types of hyper, hyper-util, h2, tonic,
-//! reqwest, `io` and tower's timeout, are looked into; an error of another type cannot
-//! be (Rust cannot look inside a type it does not know), and is **not retried**: the
-//! policy says so once, with the type's name, in a `tracing` warning. Name the type to
+//! `io` and tower's timeout, are looked into (the reqwest middleware boxes reqwest's); an
+//! error of another type cannot be (Rust cannot look inside a type it does not know),
+//! and is **not retried**: the policy (or the hedge) says so once, with the type's name,
+//! in a `tracing` warning. Name the type to
 //! [`RetryPolicyBuilder::error_type`](crate::retry::RetryPolicyBuilder::error_type) and
 //! its source chain is walked as a boxed error's is, and handed to the classifiers:
 //!
@@ -110,8 +115,11 @@ pub enum Failure {
 /// [module docs](self). Both methods default to `None` (the built-in rules decide).
 ///
 /// For the breaker, an answer's [`Class::Retryable`] and [`Class::DontRetry`] are the
-/// dependency's failures, [`Class::Success`] and [`Class::Permanent`] are not; an
-/// error's [`Failure::Permanent`] is not counted, the others are.
+/// dependency's failures, [`Class::Success`] a success, [`Class::Permanent`] not counted
+/// (as a 4xx is not); an error's [`Failure::Permanent`] is not counted, the others are
+/// failures. For the retry, a [`Class::Retryable`] answer of a gRPC call is retried
+/// whatever its method, as gRPC's retryable codes are (gRFC A6); of an HTTP request, if
+/// the request may be repeated.
 pub trait Classify: Send + Sync + 'static {
     /// The class of an answer, from the head of the response; `None`: the status and
     /// code sets decide.
@@ -128,13 +136,21 @@ pub trait Classify: Send + Sync + 'static {
     }
 }
 
-/// The classifiers of a policy or a breaker, asked in the order they were given, and the
-/// error types named to it.
+/// The classifiers of a policy, a breaker or a hedge: the user's, asked before the
+/// built-in rules; the closures, asked only of what the built-in rules would not retry;
+/// and the error types named to it.
 #[derive(Clone, Default)]
 pub(crate) struct Classifiers {
     custom: Vec<Arc<dyn Classify>>,
+    retry_responses: Vec<Arc<ResponsePredicate>>,
+    retry_errors: Vec<Arc<ErrorPredicate>>,
     error_types: Vec<ErrorType>,
 }
+
+/// `retry_on_response`'s closure.
+type ResponsePredicate = dyn Fn(StatusCode, &HeaderMap) -> bool + Send + Sync;
+/// `retry_on_error`'s closure.
+type ErrorPredicate = dyn Fn(&(dyn Error + 'static)) -> bool + Send + Sync;
 
 /// Finds a named error type behind `dyn Any`.
 type ErrorType = for<'a> fn(&'a dyn Any) -> Option<&'a (dyn Error + 'static)>;
@@ -148,9 +164,27 @@ impl fmt::Debug for Classifiers {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Classifiers")
             .field("custom", &self.custom.len())
+            .field("retry_responses", &self.retry_responses.len())
+            .field("retry_errors", &self.retry_errors.len())
             .field("error_types", &self.error_types.len())
             .finish()
     }
+}
+
+/// Whether the built-in rules' class of an error settles the matter whatever a
+/// classifier says: the crate's own signals (an open circuit, a shed call), a proof that
+/// the request was never processed or never sent, a drain's GOAWAY (retried only with a
+/// proof), and the caller's own failure.
+fn settled(class: ErrorClass) -> bool {
+    matches!(
+        class,
+        ErrorClass::CircuitOpen
+            | ErrorClass::Shed
+            | ErrorClass::Unprocessed
+            | ErrorClass::NotSent
+            | ErrorClass::Drained
+            | ErrorClass::Local
+    )
 }
 
 impl Classifiers {
@@ -158,20 +192,56 @@ impl Classifiers {
         self.custom.push(Arc::new(classify));
     }
 
+    pub(crate) fn retry_on_response(
+        &mut self,
+        retry: impl Fn(StatusCode, &HeaderMap) -> bool + Send + Sync + 'static,
+    ) {
+        self.retry_responses.push(Arc::new(retry));
+    }
+
+    pub(crate) fn retry_on_error(
+        &mut self,
+        retry: impl Fn(&(dyn Error + 'static)) -> bool + Send + Sync + 'static,
+    ) {
+        self.retry_errors.push(Arc::new(retry));
+    }
+
     pub(crate) fn error_type<E: Error + 'static>(&mut self) {
         self.error_types.push(downcast::<E>);
     }
 
-    /// Whether any classifier was given: without one, nothing here is asked.
+    /// Whether a classifier of the user's was given (nothing is asked without one).
     pub(crate) fn any(&self) -> bool {
         !self.custom.is_empty()
     }
 
-    /// What the classifiers say of an answer.
+    /// Whether anything here looks at an answer's head.
+    pub(crate) fn reads_answers(&self) -> bool {
+        !self.custom.is_empty() || !self.retry_responses.is_empty()
+    }
+
+    /// Whether a plain success (a 2xx without `grpc-status`) stays one: no classifier of
+    /// the user's says otherwise. One comparison without a classifier.
+    pub(crate) fn keeps_success(&self, status: StatusCode, headers: &HeaderMap) -> bool {
+        self.custom.is_empty()
+            || matches!(self.response(status, headers), None | Some(Class::Success))
+    }
+
+    /// What the user's classifiers say of an answer.
     pub(crate) fn response(&self, status: StatusCode, headers: &HeaderMap) -> Option<Class> {
         self.custom
             .iter()
             .find_map(|classify| classify.response(status, headers))
+    }
+
+    /// `class`, the built-in rules' for an answer, or a transient failure if it is
+    /// permanent and a `retry_on_response` closure says to retry it.
+    pub(crate) fn widen(&self, class: Class, status: StatusCode, headers: &HeaderMap) -> Class {
+        if class == Class::Permanent && self.retry_responses.iter().any(|f| f(status, headers)) {
+            Class::Retryable { after: None }
+        } else {
+            class
+        }
     }
 
     /// `err` as a `std` error: a type the crate knows, or one named to it.
@@ -182,7 +252,7 @@ impl Classifiers {
         })
     }
 
-    /// What the classifiers say of an error's chain, the outermost link first.
+    /// What the user's classifiers say of an error's chain, the outermost link first.
     pub(crate) fn error(&self, err: &(dyn Error + 'static)) -> Option<Failure> {
         if self.custom.is_empty() {
             return None;
@@ -192,41 +262,32 @@ impl Classifiers {
             .find_map(|link| self.custom.iter().find_map(|classify| classify.error(link)))
     }
 
-    /// How the retry layer reads an error: the classifiers first, then the built-in
-    /// rules; `None` when the error's type cannot be looked into.
+    /// How the retry layer reads an error: the built-in rules where they settle the
+    /// matter (see [`settled`]), else the user's classifiers, else the built-in rules,
+    /// widened by the `retry_on_error` closures; `None` when the error's type cannot be
+    /// looked into.
     pub(crate) fn classify_error<E: 'static>(&self, err: &E) -> Option<ErrorClass> {
         let err = self.as_error(err)?;
+        let builtin = crate::error_class::classify_chain(err);
+        if settled(builtin) {
+            return Some(builtin);
+        }
         Some(match self.error(err) {
             Some(Failure::NotSent) => ErrorClass::NotSent,
             Some(Failure::Transient) => ErrorClass::MaybeProcessed,
             Some(Failure::Permanent) => ErrorClass::Local,
-            None => crate::error_class::classify_chain(err),
+            None if builtin == ErrorClass::Unknown && self.retried_error(err) => {
+                ErrorClass::MaybeProcessed
+            }
+            None => builtin,
         })
     }
-}
 
-/// [`RetryPolicyBuilder::retry_on_response`](crate::retry::RetryPolicyBuilder::retry_on_response)'s
-/// closure as a classifier.
-pub(crate) struct RetryOnResponse<F>(pub(crate) F);
-
-impl<F> Classify for RetryOnResponse<F>
-where
-    F: Fn(StatusCode, &HeaderMap) -> bool + Send + Sync + 'static,
-{
-    fn response(&self, status: StatusCode, headers: &HeaderMap) -> Option<Class> {
-        (self.0)(status, headers).then_some(Class::Retryable { after: None })
-    }
-}
-
-/// [`RetryPolicyBuilder::retry_on_error`](crate::retry::RetryPolicyBuilder::retry_on_error)'s
-/// closure as a classifier.
-pub(crate) struct RetryOnError<F>(pub(crate) F);
-
-impl<F> Classify for RetryOnError<F>
-where
-    F: Fn(&(dyn Error + 'static)) -> bool + Send + Sync + 'static,
-{
-    fn error(&self, error: &(dyn Error + 'static)) -> Option<Failure> {
-        (self.0)(error).then_some(Failure::Transient)
+    /// Whether a `retry_on_error` closure says to retry a link of `err`'s chain.
+    fn retried_error(&self, err: &(dyn Error + 'static)) -> bool {
+        !self.retry_errors.is_empty()
+            && crate::error_class::sources(err)
+                .take(64)
+                .any(|link| self.retry_errors.iter().any(|f| f(link)))
     }
 }

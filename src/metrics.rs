@@ -262,10 +262,28 @@ struct HedgeHandles {
     budget_refused: Counter,
 }
 
-pub(crate) use crate::hedge::HedgeEvent;
-
 impl HedgeMetrics {
-    pub(crate) fn record(&self, service: &str, event: HedgeEvent, n: u64) {
+    /// Hedges sent.
+    pub(crate) fn sent(&self, service: &str, n: u64) {
+        self.add(service, n, |h| &h.sent);
+    }
+
+    /// Hedges whose response won.
+    pub(crate) fn won(&self, service: &str, n: u64) {
+        self.add(service, n, |h| &h.won);
+    }
+
+    /// Copies dropped once another won.
+    pub(crate) fn cancelled(&self, service: &str, n: u64) {
+        self.add(service, n, |h| &h.cancelled);
+    }
+
+    /// Hedges the budget refused.
+    pub(crate) fn budget_refused(&self, service: &str, n: u64) {
+        self.add(service, n, |h| &h.budget_refused);
+    }
+
+    fn add(&self, service: &str, n: u64, counter: impl FnOnce(&HedgeHandles) -> &Counter) {
         if n == 0 {
             return;
         }
@@ -278,13 +296,7 @@ impl HedgeMetrics {
                 budget_refused: metrics::counter!("hedge_budget_refused_total", "service" => service),
             }
         });
-        let counter = match event {
-            HedgeEvent::Sent => &handles.sent,
-            HedgeEvent::Won => &handles.won,
-            HedgeEvent::Cancelled => &handles.cancelled,
-            HedgeEvent::BudgetRefused => &handles.budget_refused,
-        };
-        counter.increment(n);
+        counter(handles).increment(n);
     }
 }
 

@@ -202,3 +202,130 @@ async fn a_classifier_changes_what_the_breaker_counts() {
     assert!(err.downcast_ref::<CircuitOpen>().is_some(), "{err}");
     assert_eq!(classified.stats().failures, 5);
 }
+
+fn with_header(code: u16, name: &'static str, value: &'static str) -> Response<String> {
+    Response::builder()
+        .status(code)
+        .header(name, value)
+        .body(String::new())
+        .expect("response")
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_closure_only_adds_retries() {
+    // Retry everything, it says; the server's "do not retry" still holds...
+    let everything = || {
+        policy()
+            .retry_on_response(|_, _| true)
+            .retry_on_error(|_| true)
+            .build()
+            .expect("policy")
+    };
+    let (service, calls) = scripted::<BoxError>(vec![Ok(with_header(503, "x-no-retry", "budget"))]);
+    let response = RetryLayer::new(everything())
+        .layer(service)
+        .oneshot(get())
+        .await
+        .expect("answered");
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(*calls.lock().expect("lock"), 1);
+    // ...and so does its `Retry-After`: the retry waits the server's second.
+    let (service, calls) = scripted::<BoxError>(vec![Ok(with_header(503, "retry-after", "1"))]);
+    let started = tokio::time::Instant::now();
+    let response = RetryLayer::new(everything())
+        .layer(service)
+        .oneshot(get())
+        .await
+        .expect("served");
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(*calls.lock().expect("lock"), 2);
+    assert!(started.elapsed() >= std::time::Duration::from_secs(1));
+    // A request whose body could not be replayed failed on the caller's side: not
+    // retried, whatever the closure says.
+    let (service, calls) = scripted::<BoxError>(vec![Err(Box::new(stormguard::NotReplayable))]);
+    let err = RetryLayer::new(everything())
+        .layer(service)
+        .oneshot(get())
+        .await
+        .expect_err("not retried");
+    assert!(
+        err.downcast_ref::<stormguard::NotReplayable>().is_some(),
+        "{err}"
+    );
+    assert_eq!(*calls.lock().expect("lock"), 1);
+}
+
+/// Retries whatever answer a header marks as a cold cache, a 200 included.
+struct ColdCache;
+
+impl Classify for ColdCache {
+    fn response(&self, _status: StatusCode, headers: &HeaderMap) -> Option<Class> {
+        headers
+            .contains_key("x-cache-cold")
+            .then_some(Class::Retryable { after: None })
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_classifier_can_retry_a_200() {
+    let (service, calls) = scripted::<BoxError>(vec![Ok(with_header(200, "x-cache-cold", "1"))]);
+    let policy = policy().classify(ColdCache).build().expect("policy");
+    let response = RetryLayer::new(policy)
+        .layer(service)
+        .oneshot(get())
+        .await
+        .expect("served");
+    assert!(!response.headers().contains_key("x-cache-cold"));
+    assert_eq!(*calls.lock().expect("lock"), 2);
+}
+
+/// gRPC's INTERNAL (13) is retried for this service.
+struct InternalIsTransient;
+
+impl Classify for InternalIsTransient {
+    fn response(&self, _status: StatusCode, headers: &HeaderMap) -> Option<Class> {
+        let internal = headers
+            .get("grpc-status")
+            .is_some_and(|code| code.as_bytes() == b"13");
+        internal.then_some(Class::Retryable { after: None })
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_classifier_retries_a_grpc_call_as_its_codes_would() {
+    // A unary call (a POST, not marked idempotent) answered INTERNAL in its headers
+    // (trailers-only): retried, as a retryable code is (gRFC A6), whatever its method.
+    let grpc_call = || {
+        Request::post("http://inventory/inventory.Items/Get")
+            .header("content-type", "application/grpc")
+            .body(String::new())
+            .expect("request")
+    };
+    let internal = || {
+        Response::builder()
+            .status(200)
+            .header("content-type", "application/grpc")
+            .header("grpc-status", "13")
+            .body(String::new())
+            .expect("response")
+    };
+    let (service, calls) = scripted::<BoxError>(vec![Ok(internal())]);
+    let internal_retried = policy()
+        .classify(InternalIsTransient)
+        .build()
+        .expect("policy");
+    let response = RetryLayer::new(internal_retried)
+        .layer(service)
+        .oneshot(grpc_call())
+        .await
+        .expect("served");
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(*calls.lock().expect("lock"), 2);
+    // Without it, INTERNAL is not retried.
+    let (service, calls) = scripted::<BoxError>(vec![Ok(internal())]);
+    let _ = RetryLayer::new(policy().build().expect("policy"))
+        .layer(service)
+        .oneshot(grpc_call())
+        .await;
+    assert_eq!(*calls.lock().expect("lock"), 1);
+}

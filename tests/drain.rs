@@ -1,7 +1,8 @@
 //! Graceful drains: a real server that closes every connection after a few requests, as
 //! nginx does every `keepalive_requests` (HTTP/2: GOAWAY) and any server does on a
-//! graceful restart. With the default policy no error may reach the caller, and no
-//! request may be processed twice. A server that closes a drained connection at once,
+//! graceful restart. Through every client, no request may be processed twice that was
+//! not marked idempotent; over hyper-util on a `TrackedConnector` with the default
+//! policy, no error may reach the caller (reqwest's and tonic's errors are printed). A server that closes a drained connection at once,
 //! without the lingering close real servers do, resets it under the client: then only a
 //! POST caught in flight may fail (processed or not, nothing says which).
 //!
@@ -544,9 +545,13 @@ async fn drain_test(protocol: Protocol, per_connection: usize, close: Close) {
     if protocol == Protocol::Http2 {
         through_tonic(per_connection, close).await;
     }
-    // The requests met drains. A connection is drained at its `per_connection`-th
-    // request and takes at most the requests then in flight after it; connections left
-    // at the end below their share (at most one per request in flight) are not drained.
+    assert_drained(&drains, per_connection);
+}
+
+/// The requests met drains. A connection is drained at its `per_connection`-th request
+/// and takes at most the requests then in flight after it; connections left at the end
+/// below their share (at most one per request in flight) are not drained.
+fn assert_drained(drains: &AtomicUsize, per_connection: usize) {
     let (requests, in_flight) = (REQUESTS as usize, CONCURRENCY as usize);
     let least = (requests - in_flight * per_connection) / (per_connection + in_flight);
     let drains = drains.load(Ordering::SeqCst);
@@ -569,7 +574,7 @@ struct Empty {}
 /// call not marked idempotent is processed twice; the errors are printed.
 #[cfg(feature = "tonic")]
 async fn through_tonic(per_connection: usize, close: Close) {
-    let (addr, processed, _) = draining_server(Protocol::Http2, per_connection, close).await;
+    let (addr, processed, drains) = draining_server(Protocol::Http2, per_connection, close).await;
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
         .expect("uri")
         .connect_lazy();
@@ -630,6 +635,7 @@ async fn through_tonic(per_connection: usize, close: Close) {
         "through tonic too, no call not marked idempotent is processed twice"
     );
     assert_refusals_alone_never_open(stack.breaker());
+    assert_drained(&drains, per_connection);
 }
 
 /// The same requests through reqwest under `StormguardMiddleware`, to a server alike:
@@ -639,8 +645,9 @@ async fn through_tonic(per_connection: usize, close: Close) {
 /// the caller are printed.
 #[cfg(feature = "reqwest")]
 async fn through_reqwest(protocol: Protocol, per_connection: usize, close: Close) {
-    let (addr, processed, _) = draining_server(protocol, per_connection, close).await;
+    let (addr, processed, drains) = draining_server(protocol, per_connection, close).await;
     reqwest_to(protocol, addr, &processed).await;
+    assert_drained(&drains, per_connection);
 }
 
 /// [`through_reqwest`] to the server at `addr`, whose backend records `processed`.

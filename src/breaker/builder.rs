@@ -170,13 +170,15 @@ impl CircuitBreakerBuilder {
         self
     }
 
-    /// A classifier asked before the failure sets and the built-in error rules (see
-    /// [`crate::classify`]): an answer it calls [`Retryable`](crate::sans_io::Class::Retryable)
-    /// or [`DontRetry`](crate::sans_io::Class::DontRetry) is a failure, one it calls
-    /// [`Success`](crate::sans_io::Class::Success) or
-    /// [`Permanent`](crate::sans_io::Class::Permanent) is not; an error it calls
-    /// [`Permanent`](crate::classify::Failure::Permanent) is not counted, any other is a
-    /// failure. Several are asked in the order given, the first answer decides.
+    /// A classifier asked before the failure sets (see [`crate::classify`]): an answer it
+    /// calls [`Retryable`](crate::sans_io::Class::Retryable) or
+    /// [`DontRetry`](crate::sans_io::Class::DontRetry) is a failure,
+    /// [`Success`](crate::sans_io::Class::Success) a success,
+    /// [`Permanent`](crate::sans_io::Class::Permanent) not counted; an error it calls
+    /// [`Permanent`](crate::classify::Failure::Permanent) is not counted. A response whose
+    /// gRPC status comes in its trailers, and the errors the built-in rules settle (a
+    /// nested breaker's refusal, a drain, the caller's own failure), are not asked of it.
+    /// Several are asked in the order given, the first answer decides.
     pub fn classify(mut self, classify: impl Classify) -> Self {
         self.classifiers.push(classify);
         self

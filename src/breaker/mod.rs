@@ -427,20 +427,22 @@ impl CircuitBreaker {
     }
 
     fn classify_head(&self, status: http::StatusCode, headers: &http::HeaderMap) -> Verdict {
+        if stormguard_core::classify::status_in_trailers(status, headers) {
+            // A gRPC status still to come decides, at the end of the stream.
+            return Verdict::AtEnd;
+        }
         let classifiers = &self.shared.classifiers;
         if classifiers.any() {
             if let Some(class) = classifiers.response(status, headers) {
                 return Verdict::Now(match class {
                     Class::Retryable { .. } | Class::DontRetry => Outcome::Failure,
-                    Class::Success | Class::Permanent => Outcome::Success,
+                    Class::Success => Outcome::Success,
+                    Class::Permanent => Outcome::Ignored,
                 });
             }
         }
         if let Some(code) = grpc_status(headers) {
             return Verdict::Now(self.grpc_outcome(code));
-        }
-        if stormguard_core::classify::status_in_trailers(status, headers) {
-            return Verdict::AtEnd;
         }
         Verdict::Now(if self.shared.failure_statuses.contains(status) {
             Outcome::Failure
@@ -466,11 +468,6 @@ impl CircuitBreaker {
     /// that breaker has already counted, the caller's own, and a call the dependency
     /// turned away unprocessed, which counts only in a run of failures in a row.
     pub(crate) fn classify_error(&self, error: &(dyn std::error::Error + 'static)) -> Outcome {
-        match self.shared.classifiers.error(error) {
-            Some(crate::classify::Failure::Permanent) => return Outcome::Ignored,
-            Some(_) => return Outcome::Failure,
-            None => {}
-        }
         match crate::error_class::classify_chain(error) {
             // A nested breaker counted it already; a request body that failed on the
             // caller's side says nothing about the dependency's health.
@@ -478,7 +475,12 @@ impl CircuitBreaker {
             // A refused stream or a draining connection: one is a graceful drain, an
             // unbroken run is a dependency that refuses everything.
             ErrorClass::Unprocessed | ErrorClass::Drained => Outcome::Refused,
-            _ => Outcome::Failure,
+            // Anything else is a failure, unless a classifier of the user's says the
+            // error is not the dependency's.
+            _ => match self.shared.classifiers.error(error) {
+                Some(crate::classify::Failure::Permanent) => Outcome::Ignored,
+                _ => Outcome::Failure,
+            },
         }
     }
 

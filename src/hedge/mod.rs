@@ -227,6 +227,8 @@ struct Shared {
     rules: Rules,
     /// The classifiers asked before the rules.
     classifiers: crate::classify::Classifiers,
+    /// Whether an error of a type that cannot be looked into was warned of.
+    warned_opaque: std::sync::atomic::AtomicBool,
     /// Per-method hedging policies of a gRPC service config (`None`: not hedged).
     methods: Option<MethodTable<Option<GrpcHedgePolicy>>>,
     counters: Counters,
@@ -329,10 +331,33 @@ impl HedgePolicy {
     }
 
     /// Counts a hedge event in the `metrics` feature's series.
+    /// Says, once per policy, that an error of the type `E` cannot be looked into: it
+    /// ends the request (see [`crate::classify`]).
+    #[cold]
+    fn opaque_error<E>(&self) {
+        let warned = &self.shared.warned_opaque;
+        if !warned.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            tracing::warn!(
+                dependency = %self.shared.name,
+                error_type = std::any::type_name::<E>(),
+                "an error of this type cannot be looked into and ends the hedged request: \
+                 box it, or name it with HedgePolicyBuilder::error_type, or classify it"
+            );
+        }
+    }
+
     /// Records `n` of `event` (with the `metrics` feature; nothing without it).
     pub(crate) fn count(&self, event: HedgeEvent, n: u64) {
         #[cfg(feature = "metrics")]
-        self.shared.metrics.record(&self.shared.name, event, n);
+        {
+            let (metrics, name) = (&self.shared.metrics, &self.shared.name);
+            match event {
+                HedgeEvent::Sent => metrics.sent(name, n),
+                HedgeEvent::Won => metrics.won(name, n),
+                HedgeEvent::Cancelled => metrics.cancelled(name, n),
+                HedgeEvent::BudgetRefused => metrics.budget_refused(name, n),
+            }
+        }
         #[cfg(not(feature = "metrics"))]
         let _ = (event, n);
     }
@@ -402,9 +427,10 @@ impl HedgePolicy {
             (Ok(res), None) if grpc => rules.classify_grpc_response(res.status(), res.headers()),
             (Ok(res), None) => rules.classify_with(res.status(), res.headers(), SystemTime::now),
             (Err(err), _) => {
-                let class = classifiers
-                    .classify_error(err)
-                    .unwrap_or(ErrorClass::Unknown);
+                let class = classifiers.classify_error(err).unwrap_or_else(|| {
+                    self.opaque_error::<E>();
+                    ErrorClass::Unknown
+                });
                 return match class {
                     ErrorClass::CircuitOpen => Verdict::NonFatal {
                         stop: Some(Stop::CircuitOpen),
@@ -635,6 +661,7 @@ impl HedgePolicyBuilder {
                 deposits: self.deposits,
                 rules: self.rules,
                 classifiers: self.classifiers,
+                warned_opaque: std::sync::atomic::AtomicBool::new(false),
                 methods: self.methods,
                 counters: Counters::default(),
                 name,

@@ -10,7 +10,7 @@ use stormguard_core::throttle::RetryThrottle;
 use stormguard_core::{Backoff, ConfigError, RetryBudget};
 
 use crate::body::DEFAULT_MAX_REPLAY_BYTES;
-use crate::classify::{Classifiers, Classify, RetryOnError, RetryOnResponse};
+use crate::classify::{Classifiers, Classify};
 
 use super::deadline::RequestDeadline;
 use super::policy::{Limits, RetryPolicy};
@@ -208,9 +208,10 @@ impl RetryPolicyBuilder {
         self
     }
 
-    /// Retries the answers for which `retry` is true, as transient failures (with no
-    /// wait of the server's); the others are left to the status and code sets. The
-    /// request must still be safe to send again.
+    /// Also retries the answers the status and code sets call permanent (a 409, a 404...)
+    /// for which `retry` is true, as transient failures; it never changes an answer
+    /// those sets retry, or one that says not to. The request must still be safe to send
+    /// again.
     ///
     /// ```
     /// use http::StatusCode;
@@ -223,21 +224,25 @@ impl RetryPolicyBuilder {
     /// # let _ = policy;
     /// # Ok::<(), stormguard::ConfigError>(())
     /// ```
-    pub fn retry_on_response<F>(self, retry: F) -> Self
+    pub fn retry_on_response<F>(mut self, retry: F) -> Self
     where
         F: Fn(http::StatusCode, &http::HeaderMap) -> bool + Send + Sync + 'static,
     {
-        self.classify(RetryOnResponse(retry))
+        self.classifiers.retry_on_response(retry);
+        self
     }
 
-    /// Retries the errors for which `retry` is true of a link of their source chain, as
-    /// transient failures after which the request may have been processed (so only a
-    /// request safe to send again is retried); the others are left to the built-in rules.
-    pub fn retry_on_error<F>(self, retry: F) -> Self
+    /// Also retries the errors the built-in rules do not recognise for which `retry` is
+    /// true of a link of their source chain, as transient failures after which the
+    /// request may have been processed (so only a request safe to send again is
+    /// retried). It never changes what the built-in rules recognise: a shed call or an
+    /// open circuit is still not retried, a refused connection still retried.
+    pub fn retry_on_error<F>(mut self, retry: F) -> Self
     where
         F: Fn(&(dyn std::error::Error + 'static)) -> bool + Send + Sync + 'static,
     {
-        self.classify(RetryOnError(retry))
+        self.classifiers.retry_on_error(retry);
+        self
     }
 
     /// Looks into errors of the type `E`: its source chain is walked, and handed to the

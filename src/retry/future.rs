@@ -216,8 +216,11 @@ where
         };
         let policy = match self.policy {
             Some(policy) => policy,
-            None if result.as_ref().is_ok_and(plain_success)
-                && !self.core.policy.shared.classifiers.any() =>
+            None if result.as_ref().is_ok_and(|res| {
+                plain_success(res)
+                    && (self.core.policy.shared.classifiers)
+                        .keeps_success(res.status(), res.headers())
+            }) =>
             {
                 // What the policy's own fast path records, for attempt 1.
                 let shared = &self.core.policy.shared;

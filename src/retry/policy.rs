@@ -143,7 +143,7 @@ impl RetryPolicy {
     /// Whether a classifier was given (every answer is then looked at whole).
     #[cfg_attr(not(feature = "reqwest"), allow(dead_code))]
     pub(crate) fn classifies(&self) -> bool {
-        self.shared.classifiers.any()
+        self.shared.classifiers.reads_answers()
     }
 
     /// This policy's copy for a request first sent at `sent` (with `total` to finish in,
@@ -224,7 +224,10 @@ where
         req: &mut Request<B>,
         result: &mut Result<Response<ResB>, E>,
     ) -> Option<Wait> {
-        if result.as_ref().is_ok_and(plain_success) && !self.shared.classifiers.any() {
+        if result.as_ref().is_ok_and(|res| {
+            plain_success(res)
+                && (self.shared.classifiers).keeps_success(res.status(), res.headers())
+        }) {
             // Nothing else about the request or the response matters.
             let now = tokio::time::Instant::now().into_std();
             let shared = &*self.shared;
@@ -240,42 +243,34 @@ where
         let limits = self.limits(req, grpc);
         // Read from the request as first sent, before any header of it is rewritten.
         self.read_deadline(req);
-        let told = match result {
-            Ok(res) if self.shared.classifiers.any() => self
-                .shared
-                .classifiers
-                .response(res.status(), res.headers()),
-            _ => None,
-        };
-        let attempt = match (&*result, told) {
-            (Ok(res), Some(class)) => Attempt::Answered {
-                throttled: Load::of_response(res.status(), res.headers()) == Load::Overloaded,
-                class,
-                any_method: false,
-            },
-            (Ok(res), None) if grpc => {
-                let rules = Rules {
-                    retryable_grpc_codes: limits.retryable_grpc_codes,
-                    ..self.shared.rules
+        let classifiers = &self.shared.classifiers;
+        let attempt = match &*result {
+            Ok(res) => {
+                let (status, headers) = (res.status(), res.headers());
+                let told = match classifiers.any() {
+                    true => classifiers.response(status, headers),
+                    false => None,
                 };
+                let class = told.unwrap_or_else(|| {
+                    let class = if grpc {
+                        let rules = Rules {
+                            retryable_grpc_codes: limits.retryable_grpc_codes,
+                            ..self.shared.rules
+                        };
+                        rules.classify_grpc_response(status, headers)
+                    } else {
+                        (self.shared.rules).classify_with(status, headers, SystemTime::now)
+                    };
+                    classifiers.widen(class, status, headers)
+                });
                 Attempt::Answered {
-                    throttled: Load::of_response(res.status(), res.headers()) == Load::Overloaded,
-                    class: rules.classify_grpc_response(res.status(), res.headers()),
-                    // gRFC A6 leaves the judgement to the configured codes.
-                    any_method: true,
+                    throttled: Load::of_response(status, headers) == Load::Overloaded,
+                    class,
+                    // gRFC A6 leaves a call's retry to its codes' judgement, not its method.
+                    any_method: grpc,
                 }
             }
-            (Ok(res), None) => Attempt::Answered {
-                throttled: Load::of_response(res.status(), res.headers()) == Load::Overloaded,
-                class: (self.shared.rules).classify_with(
-                    res.status(),
-                    res.headers(),
-                    SystemTime::now,
-                ),
-                any_method: false,
-            },
-            (Err(err), _) => {
-                let classifiers = &self.shared.classifiers;
+            Err(err) => {
                 let class = classifiers.classify_error(err).unwrap_or_else(|| {
                     self.shared.opaque_error::<E>();
                     ErrorClass::Unknown

@@ -82,7 +82,13 @@ impl<S> Core<S> {
                 Proved::No
             }
             Err(err) => handoff.unprocessed(
-                crate::error_class::classify_error(err),
+                // The built-in rules' reading (a proof is theirs), through an error type
+                // named to the policy too.
+                (self.policy.shared.classifiers)
+                    .as_error(err)
+                    .map_or(crate::error_class::ErrorClass::Unknown, |err| {
+                        crate::error_class::classify_chain(err)
+                    }),
                 &self.tracking,
                 // Waited for at most as long as the first retry's backoff could be.
                 self.policy.shared.backoff.ceiling(0),
