@@ -211,6 +211,7 @@ impl Classifiers {
     }
 
     /// Whether a classifier of the user's was given (nothing is asked without one).
+    #[inline]
     pub(crate) fn any(&self) -> bool {
         !self.custom.is_empty()
     }
@@ -222,6 +223,7 @@ impl Classifiers {
 
     /// Whether a plain success (a 2xx without `grpc-status`) stays one: no classifier of
     /// the user's says otherwise. One comparison without a classifier.
+    #[inline]
     pub(crate) fn keeps_success(&self, status: StatusCode, headers: &HeaderMap) -> bool {
         self.custom.is_empty()
             || matches!(self.response(status, headers), None | Some(Class::Success))
