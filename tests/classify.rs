@@ -62,6 +62,22 @@ fn scripted<E: Send + 'static>(
     (service, calls)
 }
 
+/// Sends `request` through `policy`'s retry layer over a service scripted with
+/// `outcomes`: what the caller got, and how many calls the service saw.
+async fn through<E: Send + 'static>(
+    policy: RetryPolicy,
+    outcomes: Vec<Result<Response<String>, E>>,
+    request: Request<String>,
+) -> (Result<Response<String>, E>, u32) {
+    let (service, calls) = scripted(outcomes);
+    let outcome = RetryLayer::new(policy)
+        .layer(service)
+        .oneshot(request)
+        .await;
+    let calls = *calls.lock().expect("lock");
+    (outcome, calls)
+}
+
 fn status(code: u16) -> Response<String> {
     Response::builder()
         .status(code)
@@ -85,13 +101,12 @@ fn policy() -> stormguard::retry::RetryPolicyBuilder {
 
 #[tokio::test(start_paused = true)]
 async fn a_users_own_error_type_named_to_the_policy_is_looked_into_and_retried() {
-    let (service, calls) = scripted(vec![Err(reset())]);
     let policy = policy().error_type::<ApiError>().build().expect("policy");
-    let retried = RetryLayer::new(policy.clone()).layer(service);
-    let response = retried.oneshot(get()).await.expect("served on the retry");
+    let (outcome, calls) = through(policy.clone(), vec![Err(reset())], get()).await;
+    let response = outcome.expect("served on the retry");
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(response.extensions().get::<Attempts>(), Some(&Attempts(2)));
-    assert_eq!(*calls.lock().expect("lock"), 2);
+    assert_eq!(calls, 2);
     assert_eq!(policy.stats().retries, 1);
 }
 
@@ -118,46 +133,32 @@ async fn a_users_own_error_type_not_named_is_not_retried_and_the_policy_says_so(
 
 #[tokio::test(start_paused = true)]
 async fn a_closure_retries_a_409() {
-    let (service, calls) = scripted::<BoxError>(vec![Ok(status(409))]);
     let on_409 = policy()
         .retry_on_response(|status, _| status == StatusCode::CONFLICT)
         .build()
         .expect("policy");
-    let response = RetryLayer::new(on_409)
-        .layer(service)
-        .oneshot(get())
-        .await
-        .expect("served");
-    assert_eq!(response.status(), StatusCode::OK);
-    assert_eq!(*calls.lock().expect("lock"), 2);
+    let (outcome, calls) = through::<BoxError>(on_409, vec![Ok(status(409))], get()).await;
+    assert_eq!(outcome.expect("served").status(), StatusCode::OK);
+    assert_eq!(calls, 2);
 
     // Without it, a 409 is permanent: handed back after one attempt.
-    let (service, calls) = scripted::<BoxError>(vec![Ok(status(409))]);
-    let response = RetryLayer::new(policy().build().expect("policy"))
-        .layer(service)
-        .oneshot(get())
-        .await
-        .expect("answered");
-    assert_eq!(response.status(), StatusCode::CONFLICT);
-    assert_eq!(*calls.lock().expect("lock"), 1);
+    let plain = policy().build().expect("policy");
+    let (outcome, calls) = through::<BoxError>(plain, vec![Ok(status(409))], get()).await;
+    assert_eq!(outcome.expect("answered").status(), StatusCode::CONFLICT);
+    assert_eq!(calls, 1);
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_closure_on_errors_retries_what_the_rules_do_not() {
     // A boxed error the built-in rules do not know: not retried, unless the closure says.
     let unknown = || -> BoxError { "the inventory is rebalancing".into() };
-    let (service, calls) = scripted(vec![Err(unknown())]);
     let policy = policy()
         .retry_on_error(|err| err.to_string().contains("rebalancing"))
         .build()
         .expect("policy");
-    let response = RetryLayer::new(policy)
-        .layer(service)
-        .oneshot(get())
-        .await
-        .expect("served");
-    assert_eq!(response.status(), StatusCode::OK);
-    assert_eq!(*calls.lock().expect("lock"), 2);
+    let (outcome, calls) = through(policy, vec![Err(unknown())], get()).await;
+    assert_eq!(outcome.expect("served").status(), StatusCode::OK);
+    assert_eq!(calls, 2);
 }
 
 /// Counts a 404 as the dependency's failure: a cache in front of it that lost its data
@@ -221,38 +222,28 @@ async fn a_closure_only_adds_retries() {
             .build()
             .expect("policy")
     };
-    let (service, calls) = scripted::<BoxError>(vec![Ok(with_header(503, "x-no-retry", "budget"))]);
-    let response = RetryLayer::new(everything())
-        .layer(service)
-        .oneshot(get())
-        .await
-        .expect("answered");
+    let told_not_to = vec![Ok(with_header(503, "x-no-retry", "budget"))];
+    let (outcome, calls) = through::<BoxError>(everything(), told_not_to, get()).await;
+    let response = outcome.expect("answered");
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(*calls.lock().expect("lock"), 1);
+    assert_eq!(calls, 1);
     // ...and so does its `Retry-After`: the retry waits the server's second.
-    let (service, calls) = scripted::<BoxError>(vec![Ok(with_header(503, "retry-after", "1"))]);
     let started = tokio::time::Instant::now();
-    let response = RetryLayer::new(everything())
-        .layer(service)
-        .oneshot(get())
-        .await
-        .expect("served");
-    assert_eq!(response.status(), StatusCode::OK);
-    assert_eq!(*calls.lock().expect("lock"), 2);
+    let after_a_second = vec![Ok(with_header(503, "retry-after", "1"))];
+    let (outcome, calls) = through::<BoxError>(everything(), after_a_second, get()).await;
+    assert_eq!(outcome.expect("served").status(), StatusCode::OK);
+    assert_eq!(calls, 2);
     assert!(started.elapsed() >= std::time::Duration::from_secs(1));
     // A request whose body could not be replayed failed on the caller's side: not
     // retried, whatever the closure says.
-    let (service, calls) = scripted::<BoxError>(vec![Err(Box::new(stormguard::NotReplayable))]);
-    let err = RetryLayer::new(everything())
-        .layer(service)
-        .oneshot(get())
-        .await
-        .expect_err("not retried");
+    let cut_short: Vec<Result<_, BoxError>> = vec![Err(Box::new(stormguard::NotReplayable))];
+    let (outcome, calls) = through(everything(), cut_short, get()).await;
+    let err = outcome.expect_err("not retried");
     assert!(
         err.downcast_ref::<stormguard::NotReplayable>().is_some(),
         "{err}"
     );
-    assert_eq!(*calls.lock().expect("lock"), 1);
+    assert_eq!(calls, 1);
 }
 
 /// Retries whatever answer a header marks as a cold cache, a 200 included.
@@ -268,15 +259,14 @@ impl Classify for ColdCache {
 
 #[tokio::test(start_paused = true)]
 async fn a_classifier_can_retry_a_200() {
-    let (service, calls) = scripted::<BoxError>(vec![Ok(with_header(200, "x-cache-cold", "1"))]);
     let policy = policy().classify(ColdCache).build().expect("policy");
-    let response = RetryLayer::new(policy)
-        .layer(service)
-        .oneshot(get())
-        .await
-        .expect("served");
-    assert!(!response.headers().contains_key("x-cache-cold"));
-    assert_eq!(*calls.lock().expect("lock"), 2);
+    let cold = vec![Ok(with_header(200, "x-cache-cold", "1"))];
+    let (outcome, calls) = through::<BoxError>(policy, cold, get()).await;
+    assert!(!outcome
+        .expect("served")
+        .headers()
+        .contains_key("x-cache-cold"));
+    assert_eq!(calls, 2);
 }
 
 /// gRPC's INTERNAL (13) is retried for this service.
@@ -309,23 +299,16 @@ async fn a_classifier_retries_a_grpc_call_as_its_codes_would() {
             .body(String::new())
             .expect("response")
     };
-    let (service, calls) = scripted::<BoxError>(vec![Ok(internal())]);
     let internal_retried = policy()
         .classify(InternalIsTransient)
         .build()
         .expect("policy");
-    let response = RetryLayer::new(internal_retried)
-        .layer(service)
-        .oneshot(grpc_call())
-        .await
-        .expect("served");
-    assert_eq!(response.status(), StatusCode::OK);
-    assert_eq!(*calls.lock().expect("lock"), 2);
+    let (outcome, calls) =
+        through::<BoxError>(internal_retried, vec![Ok(internal())], grpc_call()).await;
+    assert_eq!(outcome.expect("served").status(), StatusCode::OK);
+    assert_eq!(calls, 2);
     // Without it, INTERNAL is not retried.
-    let (service, calls) = scripted::<BoxError>(vec![Ok(internal())]);
-    let _ = RetryLayer::new(policy().build().expect("policy"))
-        .layer(service)
-        .oneshot(grpc_call())
-        .await;
-    assert_eq!(*calls.lock().expect("lock"), 1);
+    let plain = policy().build().expect("policy");
+    let (_, calls) = through::<BoxError>(plain, vec![Ok(internal())], grpc_call()).await;
+    assert_eq!(calls, 1);
 }
