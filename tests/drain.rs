@@ -343,6 +343,17 @@ struct Failures {
     served_late: Vec<u64>,
 }
 
+impl Failures {
+    /// How many of the requests that failed the server never processed.
+    fn never_processed(&self, processed: &Processed) -> usize {
+        let processed = processed.lock().expect("lock");
+        self.ids
+            .iter()
+            .filter(|id| !processed.contains_key(id))
+            .count()
+    }
+}
+
 /// Sends `REQUESTS` requests, half of them POSTs, `CONCURRENCY` at a time.
 async fn run(svc: Svc, addr: SocketAddr) -> Failures {
     run_with(
@@ -606,14 +617,7 @@ async fn through_tonic(per_connection: usize, close: Close) {
     };
     let failures = run_with(send, addr).await;
     let (posts_twice, gets_twice) = processed_twice(&processed);
-    let unprocessed = {
-        let processed = processed.lock().expect("lock");
-        failures
-            .ids
-            .iter()
-            .filter(|id| !processed.contains_key(id))
-            .count()
-    };
+    let unprocessed = failures.never_processed(&processed);
     let stats = stack.retry().stats();
     println!(
         "  tonic Channel, standard stack: {} errors ({unprocessed} of calls the server never \
@@ -667,14 +671,7 @@ async fn reqwest_to(protocol: Protocol, addr: SocketAddr, processed: &Processed)
     )
     .await;
     let (posts_twice, gets_twice) = processed_twice(processed);
-    let unprocessed = {
-        let processed = processed.lock().expect("lock");
-        failures
-            .ids
-            .iter()
-            .filter(|id| !processed.contains_key(id))
-            .count()
-    };
+    let unprocessed = failures.never_processed(processed);
     println!(
         "  reqwest, StormguardMiddleware defaults: {} errors ({unprocessed} of requests the \
          server never processed, {} timed out, {} POSTs failed with a GOAWAY not proved \
@@ -761,6 +758,7 @@ async fn compare(
     let stack = stormguard(protocol, policy.clone(), breaker.clone());
     let failures = run(stack, addr).await;
     let (posts_twice, gets_twice) = processed_twice(&processed);
+    let unprocessed = failures.never_processed(&processed);
     let processed = processed.lock().expect("lock");
     // A POST hyper's HTTP/2 client abandoned at a drain after opening its stream gets
     // the connection's GOAWAY, like the POSTs the server never took; when the stack
@@ -776,11 +774,6 @@ async fn compare(
         .copied()
         .filter(|id| !excused(id))
         .collect();
-    let unprocessed = failures
-        .ids
-        .iter()
-        .filter(|id| !processed.contains_key(id))
-        .count();
     let stalled = failures.timed_out.len();
     let stats = policy.stats();
     println!(
