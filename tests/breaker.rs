@@ -6,7 +6,10 @@ use std::task::Poll;
 use std::time::Duration;
 
 use http::{Request, Response, StatusCode};
-use stormguard::breaker::{CircuitBreakerBuilder, CircuitBreakerService, ResponseBody, Transition};
+use stormguard::breaker::{
+    BreakerConfig, BreakerConfigBuilder, CircuitBreakerBuilder, CircuitBreakerService,
+    ResponseBody, Transition,
+};
 use stormguard::BoxError;
 use stormguard::{breaker::CircuitState, CircuitBreaker, CircuitBreakerLayer, CircuitOpen};
 use tokio::time::{advance, Instant};
@@ -21,15 +24,19 @@ const BREAK: Duration = Duration::from_secs(1);
 const MS: Duration = Duration::from_millis(1);
 
 /// Ten calls, half failing, open it; one-second breaks without jitter.
-fn builder() -> CircuitBreakerBuilder {
-    CircuitBreaker::builder()
+fn state_machine() -> BreakerConfigBuilder {
+    BreakerConfig::builder()
         .min_throughput(10)
         .failure_ratio(0.5)
         .window(Duration::from_secs(10))
         .break_duration(BREAK)
         .max_break_duration(Duration::from_secs(8))
         .jitter(0.0)
-        .seed(1)
+}
+
+/// A breaker of [`state_machine`]'s settings, its jitter seeded.
+fn builder() -> CircuitBreakerBuilder {
+    CircuitBreaker::builder().config(state_machine()).seed(1)
 }
 
 fn service(breaker: &CircuitBreaker) -> (Svc, Handle<Req, Res>) {
@@ -192,7 +199,10 @@ async fn a_failed_probe_reopens_for_a_doubled_break() {
 
 #[tokio::test(start_paused = true)]
 async fn exactly_probes_of_a_hundred_concurrent_callers_reach_the_service() {
-    let breaker = builder().probes(3).build().expect("config");
+    let breaker = builder()
+        .config(state_machine().probes(3))
+        .build()
+        .expect("config");
     let (mut svc, mut handle) = service(&breaker);
     trip(&mut svc, &mut handle, &breaker).await;
     advance(BREAK).await;
@@ -281,16 +291,19 @@ async fn isolate_and_reset() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn transitions_reach_the_callback_and_subscribers_in_order() {
+async fn transitions_reach_the_callback_and_a_watch_it_feeds_in_order() {
     let seen = Arc::new(Mutex::new(Vec::new()));
+    let (tx, mut states) = tokio::sync::watch::channel(CircuitState::Closed);
     let breaker = builder()
         .on_transition({
             let seen = seen.clone();
-            move |t| seen.lock().expect("lock").push((t.from, t.to))
+            move |t| {
+                seen.lock().expect("lock").push((t.from, t.to));
+                tx.send_replace(t.to);
+            }
         })
         .build()
         .expect("config");
-    let mut states = breaker.subscribe();
     let (mut svc, mut handle) = service(&breaker);
 
     trip(&mut svc, &mut handle, &breaker).await;
@@ -400,7 +413,10 @@ async fn with_retry_outside_an_open_circuit_comes_back_at_once_not_retried() {
     use stormguard::{Backoff, Jitter, RetryLayer, RetryPolicy};
 
     // Two failures in two calls open the circuit; the retry layer would try five times.
-    let breaker = builder().min_throughput(2).build().expect("breaker");
+    let breaker = builder()
+        .config(state_machine().min_throughput(2))
+        .build()
+        .expect("breaker");
     let policy = RetryPolicy::builder()
         .max_attempts(5)
         .backoff(Backoff::new(100 * MS, BREAK, Jitter::None).expect("backoff"))
@@ -499,10 +515,13 @@ fn retry_over(
 
 fn blip_breaker() -> CircuitBreaker {
     CircuitBreaker::builder()
-        .consecutive_failures(2)
-        .break_duration(25 * MS)
-        .max_break_duration(25 * MS)
-        .jitter(0.0)
+        .config(
+            BreakerConfig::builder()
+                .consecutive_failures(2)
+                .break_duration(25 * MS)
+                .max_break_duration(25 * MS)
+                .jitter(0.0),
+        )
         .seed(1)
         .build()
         .expect("breaker")
@@ -890,7 +909,10 @@ async fn grpc_probe(
 
 #[tokio::test(start_paused = true)]
 async fn a_probe_answered_with_a_long_stream_is_decided_at_its_first_message() {
-    let breaker = builder().consecutive_failures(1).build().expect("breaker");
+    let breaker = builder()
+        .config(state_machine().consecutive_failures(1))
+        .build()
+        .expect("breaker");
     let (mock, mut handle) = mock::pair::<Req, GrpcRes>();
     let mut svc = CircuitBreakerLayer::new(breaker.clone()).layer(mock);
     let (mut body, tx) = grpc_probe(&breaker, &mut svc, &mut handle).await;
@@ -924,7 +946,10 @@ async fn a_probe_answered_with_a_long_stream_is_decided_at_its_first_message() {
 
 #[tokio::test(start_paused = true)]
 async fn a_probe_whose_stream_fails_before_any_message_reopens_the_circuit() {
-    let breaker = builder().consecutive_failures(1).build().expect("breaker");
+    let breaker = builder()
+        .config(state_machine().consecutive_failures(1))
+        .build()
+        .expect("breaker");
     let (mock, mut handle) = mock::pair::<Req, GrpcRes>();
     let mut svc = CircuitBreakerLayer::new(breaker.clone()).layer(mock);
     let (mut body, tx) = grpc_probe(&breaker, &mut svc, &mut handle).await;
@@ -936,7 +961,10 @@ async fn a_probe_whose_stream_fails_before_any_message_reopens_the_circuit() {
 
 #[tokio::test(start_paused = true)]
 async fn a_probe_stream_dropped_unread_frees_its_slot() {
-    let breaker = builder().consecutive_failures(1).build().expect("breaker");
+    let breaker = builder()
+        .config(state_machine().consecutive_failures(1))
+        .build()
+        .expect("breaker");
     let (mock, mut handle) = mock::pair::<Req, GrpcRes>();
     let mut svc = CircuitBreakerLayer::new(breaker.clone()).layer(mock);
     let (body, _tx) = grpc_probe(&breaker, &mut svc, &mut handle).await;

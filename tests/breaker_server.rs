@@ -14,7 +14,7 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use stormguard::breaker::{CircuitBreakerService, ResponseBody};
+use stormguard::breaker::{BreakerConfig, CircuitBreakerService, ResponseBody};
 use stormguard::BoxError;
 use stormguard::{breaker::CircuitState, CircuitBreaker, CircuitBreakerLayer, CircuitOpen};
 use tower::{Layer, Service, ServiceExt};
@@ -82,12 +82,15 @@ async fn opens_on_an_outage_spares_the_server_and_recovers() {
     let server = Arc::new(Server::default());
     let uri = start(server.clone()).await;
     let breaker = CircuitBreaker::builder()
-        .min_throughput(5)
-        .failure_ratio(0.5)
-        .window(Duration::from_secs(10))
-        .break_duration(Duration::from_millis(200))
-        .max_break_duration(Duration::from_secs(1))
-        .jitter(0.0)
+        .config(
+            BreakerConfig::builder()
+                .min_throughput(5)
+                .failure_ratio(0.5)
+                .window(Duration::from_secs(10))
+                .break_duration(Duration::from_millis(200))
+                .max_break_duration(Duration::from_secs(1))
+                .jitter(0.0),
+        )
         .build()
         .expect("config");
     let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();

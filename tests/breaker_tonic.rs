@@ -11,7 +11,8 @@ use bytes::Bytes;
 use http::uri::PathAndQuery;
 use http_body_util::StreamBody;
 use hyper::body::{Frame, Incoming};
-use stormguard::{breaker::CircuitState, CircuitBreaker, CircuitBreakerLayer};
+use stormguard::breaker::{BreakerConfig, CircuitState};
+use stormguard::{CircuitBreaker, CircuitBreakerLayer};
 use tonic::body::Body;
 use tonic::codegen::tokio_stream;
 use tonic::{Code, Request, Response, Status};
@@ -118,9 +119,12 @@ async fn connect(uri: String) -> tonic::transport::Channel {
 /// test never sees one end.
 fn breaker() -> CircuitBreaker {
     CircuitBreaker::builder()
-        .consecutive_failures(5)
-        .break_duration(Duration::from_secs(600))
-        .max_break_duration(Duration::from_secs(600))
+        .config(
+            BreakerConfig::builder()
+                .consecutive_failures(5)
+                .break_duration(Duration::from_secs(600))
+                .max_break_duration(Duration::from_secs(600)),
+        )
         .build()
         .expect("breaker")
 }

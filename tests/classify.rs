@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::{fmt, io};
 
 use http::{HeaderMap, Request, Response, StatusCode};
+use stormguard::breaker::BreakerConfig;
 use stormguard::classify::Classify;
 use stormguard::sans_io::Class;
 use stormguard::{
@@ -185,7 +186,8 @@ async fn breaker_after_404s(breaker: CircuitBreaker) -> Result<StatusCode, BoxEr
 
 #[tokio::test(start_paused = true)]
 async fn a_classifier_changes_what_the_breaker_counts() {
-    let builder = || CircuitBreaker::builder().consecutive_failures(5);
+    let builder =
+        || CircuitBreaker::builder().config(BreakerConfig::builder().consecutive_failures(5));
     // By default a 404 is the caller's doing: the circuit stays closed.
     let plain = builder().build().expect("breaker");
     let status = breaker_after_404s(plain.clone()).await.expect("closed");

@@ -19,6 +19,7 @@ use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
+use stormguard::breaker::BreakerConfig;
 use stormguard::connect::TrackedConnector;
 use stormguard::stack::StandardStack;
 use stormguard::CircuitBreaker;
@@ -138,8 +139,11 @@ async fn an_outage_fails_fast_and_holds_no_more_than_a_breaker_that_never_opens(
     let never_opens = StandardStack::builder("down")
         .breaker(
             CircuitBreaker::builder()
-                .consecutive_failures(None)
-                .min_throughput(u32::MAX)
+                .config(
+                    BreakerConfig::builder()
+                        .consecutive_failures(None)
+                        .min_throughput(u32::MAX),
+                )
                 .build()
                 .expect("breaker"),
         )

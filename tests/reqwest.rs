@@ -11,6 +11,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
+use stormguard::breaker::BreakerConfig;
 use stormguard::reqwest::StormguardMiddleware;
 use stormguard::{
     Attempts, CircuitBreaker, CircuitOpen, LoadControl, RetryBudget, RetryPolicy, Shed,
@@ -207,9 +208,12 @@ async fn an_exhausted_budget_is_shared_by_clones() {
 async fn the_breaker_opens_and_fails_fast() {
     let (url, calls) = serve(|_| (500, None, NOW)).await;
     let breaker = CircuitBreaker::builder()
-        .consecutive_failures(3)
-        .break_duration(Duration::from_secs(60))
-        .max_break_duration(Duration::from_secs(60))
+        .config(
+            BreakerConfig::builder()
+                .consecutive_failures(3)
+                .break_duration(Duration::from_secs(60))
+                .max_break_duration(Duration::from_secs(60)),
+        )
         .build()
         .expect("breaker");
     let middleware = StormguardMiddleware::new(policy()).with_breaker(breaker.clone());

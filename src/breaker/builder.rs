@@ -3,50 +3,56 @@
 use std::fmt;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
-use std::time::Duration;
 
 use stormguard_core::breaker::{Breaker, BreakerConfig, BreakerConfigBuilder};
-use tokio::sync::{watch, Notify};
+use tokio::sync::Notify;
 
 use stormguard_core::classify::{GrpcCodeSet, StatusSet};
 use stormguard_core::ConfigError;
 
-use super::{Callback, CircuitBreaker, CircuitState, Shared, Transition};
+use super::{Callback, CircuitBreaker, Shared, Transition};
 use crate::classify::{Classifiers, Classify};
 
-/// Builds a [`CircuitBreaker`]: the state-machine settings of
-/// [`stormguard_core::breaker::BreakerConfigBuilder`], which
-/// outcomes are failures, and what an open circuit does to `poll_ready`.
+/// Builds a [`CircuitBreaker`]: the state machine's settings (a
+/// [`BreakerConfig`], given to [`config`](Self::config)), which outcomes are failures,
+/// and what an open circuit does to `poll_ready`.
 ///
 /// ```
 /// use std::time::Duration;
 /// use http::StatusCode;
+/// use stormguard::breaker::BreakerConfig;
 /// use stormguard::sans_io::classify::StatusSet;
 /// use stormguard::CircuitBreaker;
 ///
 /// // Every knob at its default but the last two; docs/defaults.md in the repository has
 /// // the measurements behind each.
 /// let breaker = CircuitBreaker::builder()
-///     // Longer only for a client too quiet to finish `min_throughput` calls in it.
-///     .window(Duration::from_secs(2))
-///     .min_throughput(20)
-///     // Lower trips on partial outages whose retries would have served, and serves
-///     // less than no retries.
-///     .failure_ratio(0.95)
-///     // Lower trips on heavy partial outages, and serves less than no retries.
-///     .consecutive_failures(50)
-///     // Longer only where a probe is expensive: the client is blind for the break.
-///     .break_duration(Duration::from_millis(25))
-///     .max_break_duration(Duration::from_millis(25))
-///     // More probes close sooner behind a load balancer of several replicas.
-///     .probes(3)
+///     .config(
+///         BreakerConfig::builder()
+///             // Longer only for a client too quiet to finish `min_throughput` calls in it.
+///             .window(Duration::from_secs(2))
+///             .min_throughput(20)
+///             // Lower trips on partial outages whose retries would have served, and
+///             // serves less than no retries.
+///             .failure_ratio(0.95)
+///             // Lower trips on heavy partial outages, and serves less than no retries.
+///             .consecutive_failures(50)
+///             // Longer only where a probe is expensive: the client is blind for the break.
+///             .break_duration(Duration::from_millis(25))
+///             .max_break_duration(Duration::from_millis(25))
+///             // More probes close sooner behind a load balancer of several replicas.
+///             .probes(3),
+///     )
 ///     // A 501 says the caller asked for what does not exist, not that the dependency
 ///     // is unwell.
 ///     .failure_statuses(StatusSet::breaker_default().without(StatusCode::NOT_IMPLEMENTED))
 ///     .build()?;
 /// assert_eq!(breaker.config().probes(), 3);
 ///
-/// let err = CircuitBreaker::builder().probes(0).build().unwrap_err();
+/// let err = CircuitBreaker::builder()
+///     .config(BreakerConfig::builder().probes(0))
+///     .build()
+///     .unwrap_err();
 /// assert_eq!(err.field(), "probes");
 /// # Ok::<(), stormguard::ConfigError>(())
 /// ```
@@ -85,72 +91,32 @@ impl CircuitBreakerBuilder {
         self
     }
 
-    /// The span of the sliding window over which failures are counted (default 2 s),
-    /// from 10 ms to 365 days.
-    pub fn window(mut self, window: Duration) -> Self {
-        self.config = self.config.window(window);
-        self
-    }
-
-    /// How many calls (not counting ignored ones) the window must hold before the
-    /// failure ratio can open the circuit (default 20), at least 1.
-    pub fn min_throughput(mut self, calls: u32) -> Self {
-        self.config = self.config.min_throughput(calls);
-        self
-    }
-
-    /// The share of failures over the window that opens the circuit (default 0.95),
-    /// greater than 0 and at most 1.
-    pub fn failure_ratio(mut self, ratio: f64) -> Self {
-        self.config = self.config.failure_ratio(ratio);
-        self
-    }
-
-    /// Also open after this many failures in a row (default 50); a `u32` or an
-    /// `Option<u32>` (`None` turns it off), at least 1.
-    pub fn consecutive_failures(mut self, failures: impl Into<Option<u32>>) -> Self {
-        self.config = self.config.consecutive_failures(failures);
-        self
-    }
-
-    /// The first break (default 25 ms), more than zero.
-    pub fn break_duration(mut self, duration: Duration) -> Self {
-        self.config = self.config.break_duration(duration);
-        self
-    }
-
-    /// The longest break (default: `break_duration`, so no doubling), at least
-    /// `break_duration`; each failed probe doubles the break up to this.
-    pub fn max_break_duration(mut self, duration: Duration) -> Self {
-        self.config = self.config.max_break_duration(duration);
-        self
-    }
-
-    /// How many probe calls a half-open circuit lets through (default 1), from 1 to
-    /// 65535; all must succeed to close it.
-    pub fn probes(mut self, probes: u32) -> Self {
-        self.config = self.config.probes(probes);
-        self
-    }
-
-    /// How much each break is stretched at random, as a fraction (default 0.2), from 0
-    /// to 1: a break `d` lasts `d × U[1, 1 + jitter]`.
-    pub fn jitter(mut self, jitter: f64) -> Self {
-        self.config = self.config.jitter(jitter);
-        self
-    }
-
-    /// Takes every state-machine setting from `config`, replacing those set so far.
-    pub fn config(mut self, config: BreakerConfig) -> Self {
-        self.config = BreakerConfig::builder()
-            .window(config.window())
-            .min_throughput(config.min_throughput())
-            .failure_ratio(config.failure_ratio())
-            .consecutive_failures(config.consecutive_failures())
-            .break_duration(config.break_duration())
-            .max_break_duration(config.max_break_duration())
-            .probes(config.probes())
-            .jitter(config.jitter());
+    /// The state machine's settings: when the circuit opens, how long it stays open,
+    /// how many probes close it ([`BreakerConfig::builder`], whose setters document
+    /// each and its default), replacing all of them. Out-of-range values are reported
+    /// by [`build`](Self::build). A [`BreakerConfig`] already built (one from
+    /// [`CircuitBreaker::config`], or a [`Config`](crate::Config)'s) is taken as well.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use stormguard::breaker::{BreakerConfig, BreakerConfigBuilder};
+    /// use stormguard::CircuitBreaker;
+    ///
+    /// let breaker = CircuitBreaker::builder()
+    ///     .config(BreakerConfig::builder().probes(3).window(Duration::from_secs(5)))
+    ///     .build()?;
+    /// assert_eq!(breaker.config().probes(), 3);
+    /// // Another breaker like it, but for its break.
+    /// let slower = CircuitBreaker::builder()
+    ///     .config(BreakerConfigBuilder::from(breaker.config().clone())
+    ///         .break_duration(Duration::from_millis(100))
+    ///         .max_break_duration(Duration::from_millis(100)))
+    ///     .build()?;
+    /// assert_eq!(slower.config().probes(), 3);
+    /// # Ok::<(), stormguard::ConfigError>(())
+    /// ```
+    pub fn config(mut self, config: impl Into<BreakerConfigBuilder>) -> Self {
+        self.config = config.into();
         self
     }
 
@@ -193,6 +159,23 @@ impl CircuitBreakerBuilder {
 
     /// Calls `callback` with every transition, on the thread that caused it, after it
     /// happened. It must be quick and must not block; it may read the breaker's state.
+    ///
+    /// For tasks that wait on the state, send it into a `tokio::sync::watch` channel:
+    ///
+    /// ```
+    /// use stormguard::breaker::CircuitState;
+    /// use stormguard::CircuitBreaker;
+    ///
+    /// let (tx, states) = tokio::sync::watch::channel(CircuitState::Closed);
+    /// let breaker = CircuitBreaker::builder()
+    ///     .on_transition(move |t| {
+    ///         tx.send_replace(t.to);
+    ///     })
+    ///     .build()?;
+    /// breaker.isolate();
+    /// assert_eq!(*states.borrow(), CircuitState::Isolated);
+    /// # Ok::<(), stormguard::ConfigError>(())
+    /// ```
     pub fn on_transition(mut self, callback: impl Fn(Transition) + Send + Sync + 'static) -> Self {
         self.on_transition = Some(Arc::new(callback));
         self
@@ -218,7 +201,6 @@ impl CircuitBreakerBuilder {
             Some(seed) => Breaker::with_seed(config, seed),
             None => Breaker::new(config),
         };
-        let (state_tx, _) = watch::channel(CircuitState::Closed);
         CircuitBreaker {
             shared: Arc::new(Shared {
                 name: self.name,
@@ -228,7 +210,6 @@ impl CircuitBreakerBuilder {
                 wait_when_open: self.wait_when_open,
                 on_transition: self.on_transition,
                 classifiers: self.classifiers,
-                state_tx,
                 changed: Arc::new(Notify::new()),
                 calls: AtomicU64::new(0),
                 failures: AtomicU64::new(0),

@@ -33,6 +33,7 @@
 //! use http_body_util::Full;
 //! use hyper_util::client::legacy::Client;
 //! use hyper_util::rt::TokioExecutor;
+//! use stormguard::breaker::BreakerConfig;
 //! use stormguard::{CircuitBreaker, CircuitBreakerLayer, CircuitOpen, RetryLayer, RetryPolicy};
 //! use tower::{BoxError, ServiceBuilder, ServiceExt};
 //!
@@ -60,26 +61,28 @@
 //! fn breaker() -> Result<CircuitBreaker, stormguard::ConfigError> {
 //!     // The defaults, the same breaker as `CircuitBreaker::default()`; the guide's defaults
 //!     // page (docs/defaults.md in the repository) has the measurements behind each.
-//!     CircuitBreaker::builder()
+//!     let state_machine = BreakerConfig::builder()
 //!         // Failures in a row: a total outage (or a blip) makes the run at once, random
-//!         // failures seldom do, even when most calls fail. Do not lower it: a shorter run
-//!         // trips on heavy partial outages, whose requests still succeed now and then.
+//!         // failures seldom do, even when most calls fail. Do not lower it: a shorter
+//!         // run trips on heavy partial outages, whose requests still succeed now and then.
 //!         .consecutive_failures(50)
 //!         // The backstop for clients too slow to see 50 failures in a row; keep it high:
-//!         // a lower ratio sheds the first tries of a partial outage, which would often have
-//!         // succeeded, and serves less than not retrying.
+//!         // a lower ratio sheds the first tries of a partial outage, which would often
+//!         // have succeeded, and serves less than not retrying.
 //!         .failure_ratio(0.95)
-//!         // Keep it short: a long window full of healthy calls needs seconds of failures
-//!         // to reach the ratio.
+//!         // Keep it short: a long window full of healthy calls needs seconds of
+//!         // failures to reach the ratio.
 //!         .window(Duration::from_secs(2))
-//!         // Calls the window needs before the ratio counts. A client slower than that never
-//!         // trips on the ratio, and need not: its retry budget alone bounds its load.
+//!         // Calls the window needs before the ratio counts. A client slower than that
+//!         // never trips on the ratio, and need not: its retry budget alone bounds its load.
 //!         .min_throughput(20)
 //!         // How long the client stays blind to the dependency's return (plus up to 20%
 //!         // jitter), for one fast-failing probe per break during an outage. Raise it (and
-//!         // `max_break_duration`) only where probes are expensive: long breaks outlast the
-//!         // outage they were meant to ride out.
-//!         .break_duration(Duration::from_millis(25))
+//!         // `max_break_duration`) only where probes are expensive: long breaks outlast
+//!         // the outage they were meant to ride out.
+//!         .break_duration(Duration::from_millis(25));
+//!     CircuitBreaker::builder()
+//!         .config(state_machine)
 //!         .build()
 //! }
 //! ```
@@ -130,9 +133,10 @@
 //!
 //! # Observing it
 //!
-//! Every transition is a `tracing` event on target `stormguard::breaker`, a call of the
-//! [`on_transition`](CircuitBreakerBuilder::on_transition) callback and an update to the
-//! receivers of [`subscribe`](CircuitBreaker::subscribe). [`stats`](CircuitBreaker::stats)
+//! Every transition is a `tracing` event on target `stormguard::breaker` and a call of
+//! the [`on_transition`](CircuitBreakerBuilder::on_transition) callback (which can feed a
+//! `tokio::sync::watch` channel for tasks that wait on the state), and, under the
+//! `metrics` feature, a series. [`stats`](CircuitBreaker::stats)
 //! counts calls, failures, rejections and transitions; an operator can force the circuit
 //! open with [`isolate`](CircuitBreaker::isolate) or closed with
 //! [`reset`](CircuitBreaker::reset). The Open to HalfOpen transition is lazy:
@@ -145,10 +149,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http::Response;
-use stormguard_core::breaker::{Breaker, BreakerConfig, Outcome, Permit};
+use stormguard_core::breaker::{Breaker, Outcome, Permit};
 use stormguard_core::classify::grpc_status;
 use stormguard_core::Class;
-use tokio::sync::{watch, Notify};
+use tokio::sync::Notify;
 
 mod body;
 mod builder;
@@ -161,7 +165,7 @@ pub use body::ResponseBody;
 pub use builder::CircuitBreakerBuilder;
 pub use layer::CircuitBreakerLayer;
 pub use service::CircuitBreakerService;
-pub use stormguard_core::breaker::{CircuitState, Transition};
+pub use stormguard_core::breaker::{BreakerConfig, BreakerConfigBuilder, CircuitState, Transition};
 
 use crate::error_class::ErrorClass;
 use crate::BoxError;
@@ -212,7 +216,6 @@ struct Shared {
     on_transition: Option<Callback>,
     /// The classifiers asked before the failure sets.
     classifiers: crate::classify::Classifiers,
-    state_tx: watch::Sender<CircuitState>,
     /// Woken on every transition and whenever a probe slot frees up.
     changed: Arc<Notify>,
     calls: AtomicU64,
@@ -306,11 +309,6 @@ impl CircuitBreaker {
         let transition = self.shared.breaker.reset();
         self.emit(transition);
         transition
-    }
-
-    /// A receiver of the circuit's state, updated on every transition.
-    pub fn subscribe(&self) -> watch::Receiver<CircuitState> {
-        self.shared.state_tx.subscribe()
     }
 
     /// The counters so far.
@@ -514,15 +512,6 @@ impl CircuitBreaker {
                 "circuit breaker state changed"
             ),
         }
-        // Publish the state as it is now rather than `t.to`: if two transitions are
-        // reported by two threads in the wrong order, the receivers still end on the
-        // current state.
-        let current = self.state();
-        s.state_tx.send_if_modified(|state| {
-            let changed = *state != current;
-            *state = current;
-            changed
-        });
         if let Some(callback) = &s.on_transition {
             callback(t);
         }

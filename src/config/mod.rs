@@ -115,6 +115,7 @@ use crate::load::LoadControl;
 use std::collections::BTreeMap;
 use std::fmt;
 
+use stormguard_core::breaker::BreakerConfig;
 use stormguard_core::config::{DependencySettings, Settings};
 use stormguard_core::methods::MethodPolicy;
 
@@ -182,9 +183,12 @@ impl Dependency {
         match &self.breaker {
             Some(breaker) => Ok(breaker.clone()),
             None => CircuitBreaker::builder()
+                .config(
+                    BreakerConfig::builder()
+                        .consecutive_failures(None)
+                        .min_throughput(u32::MAX),
+                )
                 .name(self.retry.name())
-                .consecutive_failures(None)
-                .min_throughput(u32::MAX)
                 .build(),
         }
     }

@@ -116,6 +116,16 @@ pub struct BreakerConfigBuilder {
     max_break_set: bool,
 }
 
+impl From<BreakerConfig> for BreakerConfigBuilder {
+    /// A builder holding every setting of `config`, to change some of them.
+    fn from(config: BreakerConfig) -> Self {
+        BreakerConfigBuilder {
+            config,
+            max_break_set: true,
+        }
+    }
+}
+
 impl BreakerConfigBuilder {
     /// The span of the sliding window (default 2 s), from 10 ms to 365 days. It is kept
     /// as ten buckets, so outcomes leave the window a tenth of it at a time.
