@@ -30,11 +30,13 @@
 //! (a big response, a cold cache) does not move it, so the minimum tells a queue from
 //! noise where a mean or a percentile would not.
 //!
-//! - **A queue** (the window's minimum above `tolerance` × the floor): the limit is cut
-//!   in proportion (`limit × tolerance / ratio`, to a quarter at most), once per round
-//!   trip and only while calls wait at the limit (another client's queue is not this
-//!   one's to cut):
-//!   until calls sent after a cut come back, it is not cut again.
+//! - **A queue** (the window's minimum above `tolerance` × the floor, in two windows in a
+//!   row: where latencies have no floor, one window of a few calls often has no short
+//!   one, by chance): the limit is cut in proportion (`limit × tolerance / ratio`, to a
+//!   quarter at most), once per round trip and only while calls wait at the limit
+//!   (another client's queue is not this one's to cut): until calls sent after a cut
+//!   come back, it is not cut again. At the limit's minimum no cut is left to tell a
+//!   queue from the dependency's latency: the floor moves up to the window's minimum.
 //! - **The dependency's own latency** (after a cut, the calls sent under the lower limit
 //!   take as long as before): the latency is the dependency's, not a queue's, so the
 //!   floor moves up to it. This is what keeps a brownout (every call 2.5 times as long)
@@ -49,7 +51,8 @@
 //!   the first cut it doubles while calls wait at it (a slow start, as TCP's), so that
 //!   a new client with a burst is not held back by a limit it has not yet learnt.
 //!
-//! The floor is the shortest latency seen, until a cut shows the dependency slower.
+//! The floor is the shortest latency seen in two windows in a row (not one lucky call's),
+//! until a cut shows the dependency slower.
 //!
 //! # The state
 //!
@@ -229,6 +232,10 @@ struct State {
     slow_start: AtomicBool,
     /// The limit (thousandths) a probe halved, until the probe's calls come back.
     probe_restore: AtomicU64,
+    /// Whether the last window's shortest latency read as a queue.
+    queue_seen: AtomicBool,
+    /// The last window's shortest latency among fresh calls.
+    last_min: AtomicU64,
 }
 
 /// The settings of a [`LoadLimit`].
@@ -408,6 +415,8 @@ impl LoadLimit {
                 saturated_run: AtomicU32::new(0),
                 slow_start: AtomicBool::new(true),
                 probe_restore: AtomicU64::new(0),
+                queue_seen: AtomicBool::new(false),
+                last_min: AtomicU64::new(UNKNOWN),
             }),
         }
     }
@@ -566,11 +575,24 @@ impl State {
         let c = &self.config;
         let mut limit = self.limit_milli.load(Ordering::Acquire) as f64 / 1000.0;
         let mut floor = self.floor.load(Ordering::Acquire);
+        // The floor comes down to what two windows in a row showed, not to one lucky
+        // call: where latencies have no floor, the shortest of all calls ever made is
+        // far below what any window shows, and every window would read as a queue.
+        let last = if w.fresh > 0 {
+            self.last_min.swap(w.fresh_min, Ordering::AcqRel)
+        } else {
+            UNKNOWN
+        };
+        let lower = if floor == UNKNOWN {
+            w.fresh_min
+        } else {
+            w.fresh_min.max(last)
+        };
         // A floor well below the one known: the dependency got faster, and a queue that
         // the old floor tolerated may hide how much. Probe for the floor at once.
-        let faster = w.fresh > 0 && floor != UNKNOWN && (w.fresh_min as f64) < floor as f64 * 0.9;
+        let faster = w.fresh > 0 && floor != UNKNOWN && (lower as f64) < floor as f64 * 0.9;
         if w.fresh > 0 {
-            floor = floor.min(w.fresh_min);
+            floor = floor.min(lower);
         }
         let throughput = f64::from(w.served) / (w.length.max(1) as f64 / 1e9);
         let calls = w.served + w.dropped;
@@ -606,7 +628,24 @@ impl State {
                 }
             }
             let ratio = w.fresh_min as f64 / floor.max(1) as f64;
-            if ratio > c.tolerance && saturated {
+            let queue = ratio > c.tolerance && saturated;
+            let seen = self.queue_seen.swap(queue, Ordering::AcqRel);
+            if queue && !seen {
+                // One window's shortest latency above the floor may be chance: where
+                // latencies have no floor (exponential service, a mix of cache hits and
+                // database reads), a window of a few calls often has no short one. A
+                // queue lasts: it is cut for when the next window shows it too.
+            } else if queue && limit <= f64::from(c.min) {
+                // At the fewest calls in flight allowed and still above the floor: no
+                // cut is left to tell a queue from the dependency's own latency, and a
+                // queue behind so few calls is not this client's. The latency is the
+                // dependency's: the floor moves up to it, and the limit may grow again
+                // as a new client's does, so that it lets go once the dependency has
+                // room (without this, a floor set by one lucky call held the limit at
+                // its minimum for good).
+                floor = w.fresh_min;
+                self.slow_start.store(true, Ordering::Release);
+            } else if queue {
                 let kept = (c.tolerance / ratio).max(MAX_CUT);
                 limit *= kept;
                 self.cut(at, w.fresh_min, throughput);
@@ -678,6 +717,9 @@ mod tests {
         permits: Vec<Option<LimitPermit>>,
         shed: u64,
         served: u64,
+        /// Whether service times are drawn from an exponential distribution of mean
+        /// `service` (a dependency without a latency floor), not all equal to it.
+        exponential: bool,
     }
 
     impl Sim {
@@ -694,6 +736,7 @@ mod tests {
                 permits: Vec::new(),
                 shed: 0,
                 served: 0,
+                exponential: false,
             }
         }
 
@@ -732,6 +775,12 @@ mod tests {
                 self.busy += 1;
                 let id = self.permits.len() as u64;
                 self.permits.push(Some(permit));
+                let service = if self.exponential {
+                    let draw: f64 = self.rng.random();
+                    service.mul_f64(-(1.0 - draw).ln())
+                } else {
+                    service
+                };
                 self.serving.push(Reverse((self.now + service, id)));
             }
         }
@@ -829,9 +878,11 @@ mod tests {
 
     #[test]
     fn a_healthy_dependency_at_80_percent_of_capacity_sheds_nothing() {
-        for seed in 0..3 {
+        // Every call 10 ms, or (without a latency floor) an exponential draw of mean 10 ms.
+        for (seed, exponential) in [(0, false), (1, false), (2, false), (0, true), (1, true)] {
             // 8 workers x 10 ms: 800 calls a second; 640 offered.
             let mut sim = Sim::new(LoadLimit::default(), 8, seed);
+            sim.exponential = exponential;
             sim.run(640.0, 10 * MS, Duration::from_secs(160), |_, _, _| {});
             assert!(sim.served > 100_000, "{}", sim.served);
             assert_eq!(sim.shed, 0, "seed {seed}: limit {}", sim.limit.limit());
@@ -893,6 +944,30 @@ mod tests {
                     "seed {seed} phase {i}: {mean}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn without_a_latency_floor_the_limit_lets_go_after_an_overload() {
+        // 8 workers, each call an exponential draw of mean 10 ms: no floor, so a window
+        // of a few calls often has no short one. Three times the capacity for 2 s, then
+        // 60% of it: within a second the limit no longer binds.
+        for seed in 0..3 {
+            let mut sim = Sim::new(LoadLimit::default(), 8, seed);
+            sim.exponential = true;
+            sim.run(2400.0, 10 * MS, Duration::from_secs(2), |_, _, _| {});
+            sim.run(480.0, 10 * MS, Duration::from_secs(3), |_, _, _| {});
+            let (shed, served) = (sim.shed, sim.served);
+            sim.run(480.0, 10 * MS, Duration::from_secs(13), |_, _, _| {});
+            let (shed, served) = (sim.shed - shed, sim.served - served);
+            eprintln!(
+                "seed {seed}: {shed} shed, {served} served, limit {}",
+                sim.limit.limit()
+            );
+            assert!(
+                shed * 1000 <= served,
+                "seed {seed}: {shed} shed, {served} served"
+            );
         }
     }
 }
