@@ -105,9 +105,12 @@
 //! - Every error from the inner service (connection refused, reset, timeout...), except a
 //!   [`CircuitOpen`] in its `source()` chain: a breaker nested below already counted it.
 //! - A call the dependency turned away unprocessed (an HTTP/2 `REFUSED_STREAM`, a GOAWAY
-//!   the call's stream was above) counts only toward the failures in a row, which a
-//!   success ends: a graceful drain never trips the circuit, while a dependency that
-//!   refuses every stream does (after 50 by default).
+//!   the call's stream was above, a request its closing connection never wrote) counts
+//!   only toward the failures in a row, which a success ends: a graceful drain does not
+//!   trip the circuit, while a dependency that refuses every stream does (after 50 by
+//!   default). Drains back to back on one connection can turn away 50 calls before one
+//!   succeeds: a server draining every 10 calls, with 32 in flight on a tonic `Channel`'s
+//!   one connection, opened the circuit for a break once in 150 runs.
 //!
 //! Other 4xx responses (and gRPC codes outside the set, such as `INVALID_ARGUMENT`) are the
 //! caller's fault and say nothing of the dependency's health: they are *ignored*, neither
