@@ -13,10 +13,15 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// come first served, for up to 30 s (its defaults otherwise: a request whose client has
 /// gone is still sent when its turn comes). Killed, and its directory removed, when
 /// dropped.
-pub(crate) struct Haproxy {
-    /// The process: dropped with this, it is killed.
-    _process: daemon::Daemon,
-    pub(crate) addr: SocketAddr,
+/// Its address is the process's (`addr`).
+pub(crate) struct Haproxy(daemon::Daemon);
+
+impl std::ops::Deref for Haproxy {
+    type Target = daemon::Daemon;
+
+    fn deref(&self) -> &daemon::Daemon {
+        &self.0
+    }
 }
 
 impl Haproxy {
@@ -37,10 +42,6 @@ impl Haproxy {
             Ok(vec!["-db".into(), "-f".into(), conf.into_os_string()])
         })
         .await?;
-        let addr = daemon.addr;
-        Ok(Haproxy {
-            _process: daemon,
-            addr,
-        })
+        Ok(Haproxy(daemon))
     }
 }

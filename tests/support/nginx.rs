@@ -24,10 +24,15 @@ mod daemon;
 /// which proxies to the backend). Its own process (`master_process off`, `daemon off`)
 /// in its own temporary directory, killed by its process handle and its directory
 /// removed when dropped, so a failing test still cleans up.
-pub(crate) struct Nginx {
-    /// The process: dropped with this, it is killed.
-    _process: daemon::Daemon,
-    pub(crate) addr: SocketAddr,
+/// Its address is the process's (`addr`).
+pub(crate) struct Nginx(daemon::Daemon);
+
+impl std::ops::Deref for Nginx {
+    type Target = daemon::Daemon;
+
+    fn deref(&self) -> &daemon::Daemon {
+        &self.0
+    }
 }
 
 impl Nginx {
@@ -76,10 +81,6 @@ impl Nginx {
             ])
         })
         .await?;
-        let addr = daemon.addr;
-        Ok(Nginx {
-            _process: daemon,
-            addr,
-        })
+        Ok(Nginx(daemon))
     }
 }
