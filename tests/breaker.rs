@@ -36,7 +36,13 @@ fn state_machine() -> BreakerConfigBuilder {
 
 /// A breaker of [`state_machine`]'s settings, its jitter seeded.
 fn builder() -> CircuitBreakerBuilder {
-    CircuitBreaker::builder().config(state_machine()).seed(1)
+    seeded(state_machine())
+}
+
+/// A breaker of `settings` (most tests: [`state_machine`]'s with one changed), its
+/// jitter seeded.
+fn seeded(settings: BreakerConfigBuilder) -> CircuitBreakerBuilder {
+    CircuitBreaker::builder().config(settings).seed(1)
 }
 
 fn service(breaker: &CircuitBreaker) -> (Svc, Handle<Req, Res>) {
@@ -199,10 +205,7 @@ async fn a_failed_probe_reopens_for_a_doubled_break() {
 
 #[tokio::test(start_paused = true)]
 async fn exactly_probes_of_a_hundred_concurrent_callers_reach_the_service() {
-    let breaker = builder()
-        .config(state_machine().probes(3))
-        .build()
-        .expect("config");
+    let breaker = seeded(state_machine().probes(3)).build().expect("config");
     let (mut svc, mut handle) = service(&breaker);
     trip(&mut svc, &mut handle, &breaker).await;
     advance(BREAK).await;
@@ -413,8 +416,7 @@ async fn with_retry_outside_an_open_circuit_comes_back_at_once_not_retried() {
     use stormguard::{Backoff, Jitter, RetryLayer, RetryPolicy};
 
     // Two failures in two calls open the circuit; the retry layer would try five times.
-    let breaker = builder()
-        .config(state_machine().min_throughput(2))
+    let breaker = seeded(state_machine().min_throughput(2))
         .build()
         .expect("breaker");
     let policy = RetryPolicy::builder()
@@ -514,17 +516,15 @@ fn retry_over(
 }
 
 fn blip_breaker() -> CircuitBreaker {
-    CircuitBreaker::builder()
-        .config(
-            BreakerConfig::builder()
-                .consecutive_failures(2)
-                .break_duration(25 * MS)
-                .max_break_duration(25 * MS)
-                .jitter(0.0),
-        )
-        .seed(1)
-        .build()
-        .expect("breaker")
+    seeded(
+        BreakerConfig::builder()
+            .consecutive_failures(2)
+            .break_duration(25 * MS)
+            .max_break_duration(25 * MS)
+            .jitter(0.0),
+    )
+    .build()
+    .expect("breaker")
 }
 
 #[tokio::test(start_paused = true)]
@@ -909,8 +909,7 @@ async fn grpc_probe(
 
 #[tokio::test(start_paused = true)]
 async fn a_probe_answered_with_a_long_stream_is_decided_at_its_first_message() {
-    let breaker = builder()
-        .config(state_machine().consecutive_failures(1))
+    let breaker = seeded(state_machine().consecutive_failures(1))
         .build()
         .expect("breaker");
     let (mock, mut handle) = mock::pair::<Req, GrpcRes>();
@@ -946,8 +945,7 @@ async fn a_probe_answered_with_a_long_stream_is_decided_at_its_first_message() {
 
 #[tokio::test(start_paused = true)]
 async fn a_probe_whose_stream_fails_before_any_message_reopens_the_circuit() {
-    let breaker = builder()
-        .config(state_machine().consecutive_failures(1))
+    let breaker = seeded(state_machine().consecutive_failures(1))
         .build()
         .expect("breaker");
     let (mock, mut handle) = mock::pair::<Req, GrpcRes>();
@@ -961,8 +959,7 @@ async fn a_probe_whose_stream_fails_before_any_message_reopens_the_circuit() {
 
 #[tokio::test(start_paused = true)]
 async fn a_probe_stream_dropped_unread_frees_its_slot() {
-    let breaker = builder()
-        .config(state_machine().consecutive_failures(1))
+    let breaker = seeded(state_machine().consecutive_failures(1))
         .build()
         .expect("breaker");
     let (mock, mut handle) = mock::pair::<Req, GrpcRes>();
