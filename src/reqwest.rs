@@ -65,7 +65,7 @@
 //! hyper-util's client cannot reach them: over HTTP/2, a POST that meets a draining
 //! server's GOAWAY fails at the caller even when its stream was above the GOAWAY's last
 //! one (unprocessed), and one stranded unwritten waits out its timeout and fails. The
-//! repository's drain test counts up to 60 such POSTs in 1,000 (150 runs) against a
+//! repository's drain test counts up to 68 such POSTs in 1,000 (200 runs) against a
 //! server draining every 10 or 20 requests, and 141 to 179 through nginx draining every
 //! 50 (`keepalive_requests 50`), none over HTTP/1.1. Give a POST that may be
 //! repeated an `Idempotency-Key` (which the server deduplicates on), or the
