@@ -107,7 +107,7 @@ use tower::retry::Policy as _;
 use crate::body::ReplayHandle;
 use crate::breaker::CircuitBreaker;
 use crate::load::{load_of, LoadControl};
-use crate::retry::{Attempts, Idempotent, NoRetry, RetryPolicy};
+use crate::retry::{Attempts, Idempotent, NoRetry, Release, RetryPolicy};
 use crate::{BoxError, CircuitOpen, Deadline, Shed};
 
 /// A `reqwest_middleware` middleware that retries with a [`RetryPolicy`] and, if given
@@ -210,17 +210,7 @@ impl StormguardMiddleware {
                 Err(err) => (Err(err), None),
             };
             let Some(wait) = policy.retry(&mut head, &mut seen) else {
-                return match (seen, response) {
-                    (Ok(seen), Some(mut response)) => {
-                        if let Some(attempts) = seen.extensions().get::<Attempts>() {
-                            response.extensions_mut().insert(*attempts);
-                        }
-                        Ok(response)
-                    }
-                    (Err(err), _) => Err(unbox(err)),
-                    // A response was seen, so it is there.
-                    (Ok(_), None) => Err(Error::middleware(Lost)),
-                };
+                return handed_back(seen, response);
             };
             let Some(mut copy) = copy else {
                 // The policy retries only what can be sent again; without a copy,
@@ -232,6 +222,15 @@ impl StormguardMiddleware {
                 };
             };
             wait.await;
+            // A retry of a throttling answer: let through by the gate, or not sent. Each
+            // wait moves on towards the end of the retry's own, where the gate closes.
+            while policy.is_gated() {
+                match policy.release(&mut head, &mut seen) {
+                    Release::Send => break,
+                    Release::Wait(wait) => wait.await,
+                    Release::GiveUp => return handed_back(seen, response),
+                }
+            }
             // The policy's headers for the retry (`x-attempt-count`, `grpc-timeout`).
             copy.headers_mut().clone_from(head.headers());
             req = copy;
@@ -348,6 +347,25 @@ fn boxed(err: Error) -> BoxError {
     match err {
         Error::Reqwest(err) => Box::new(err),
         Error::Middleware(err) => BoxError::from(err),
+    }
+}
+
+/// The outcome the policy hands back: the response seen, with its attempt count, or
+/// the error.
+fn handed_back(
+    seen: std::result::Result<http::Response<()>, BoxError>,
+    response: Option<reqwest::Response>,
+) -> Result<reqwest::Response> {
+    match (seen, response) {
+        (Ok(seen), Some(mut response)) => {
+            if let Some(attempts) = seen.extensions().get::<Attempts>() {
+                response.extensions_mut().insert(*attempts);
+            }
+            Ok(response)
+        }
+        (Err(err), _) => Err(unbox(err)),
+        // A response was seen, so it is there.
+        (Ok(_), None) => Err(Error::middleware(Lost)),
     }
 }
 

@@ -69,7 +69,10 @@
 //!
 //! - **Total timeout**: 30 s at most, whatever happens below.
 //! - **Retry**: its backoffs (up to 200 and 400 ms for the default three attempts), or a
-//!   server's `Retry-After` (up to 20 s), never past the total timeout.
+//!   server's `Retry-After` (up to 20 s), never past the total timeout. A retry of a
+//!   throttling answer (429) waits the server's wait spread over one more, then up to
+//!   one more for a slot of the gate of throttled retries: three of the server's waits
+//!   at most, after which the 429 is handed back.
 //! - **Load control**: up to 100 ms waiting for room (`max_wait`), then the call fails
 //!   with [`Shed`](crate::load::Shed), not retried.
 //! - **Circuit breaker**: a refused call waits out a short break (25 ms) once for the

@@ -360,6 +360,61 @@ async fn a_burst_told_to_wait_waits_and_is_not_refused() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_limiter_that_keeps_throttling_gets_retries_at_its_rate_not_the_whole_burst() {
+    // A rate limiter of 20 calls a second (one every 50 ms, no burst) answers everything
+    // else with 429 and `Retry-After: 1`; 100 requests come at once. Retries that find
+    // no slot at the rate it accepts within one more second are not sent.
+    for seed in 0..5 {
+        let t0 = Instant::now();
+        let last = Arc::new(std::sync::Mutex::new(None::<Instant>));
+        let attempts = Arc::new(AtomicU32::new(0));
+        let early = Arc::new(AtomicU32::new(0));
+        let (limiter, counted, early_counted) = (last.clone(), attempts.clone(), early.clone());
+        let upstream = service_fn(move |_req: Request<String>| {
+            let now = Instant::now();
+            counted.fetch_add(1, Ordering::SeqCst);
+            if now > t0 && now - t0 < Duration::from_secs(1) {
+                early_counted.fetch_add(1, Ordering::SeqCst);
+            }
+            let mut last = limiter.lock().expect("limiter");
+            let accepted = last.is_none_or(|at| now - at >= Duration::from_millis(50));
+            let response = if accepted {
+                *last = Some(now);
+                status(200)
+            } else {
+                Response::builder()
+                    .status(429)
+                    .header("retry-after", "1")
+                    .body(String::new())
+                    .expect("response")
+            };
+            async move { Ok::<_, BoxError>(response) }
+        });
+        let policy = defaults(seed);
+        let svc = ServiceBuilder::new()
+            .layer(RetryLayer::new(policy.clone()))
+            .service(upstream);
+        let responses = burst(&svc, 100).await;
+        let served = responses.iter().filter(|r| r.status() == 200).count();
+        let attempts = attempts.load(Ordering::SeqCst);
+        let stats = policy.stats();
+        println!("seed {seed}: {served} served, {attempts} attempts, {stats:?}");
+        assert!(
+            attempts <= 150,
+            "seed {seed}: {attempts} attempts, {stats:?}"
+        );
+        assert!(served >= 30, "seed {seed}: {served} served, {stats:?}");
+        // Every request not served was handed its 429, most of them by the gate.
+        assert!(responses
+            .iter()
+            .all(|r| r.status() == 200 || r.status() == 429));
+        assert!(stats.throttled > 0, "seed {seed}: {stats:?}");
+        // `Retry-After` is never cut short.
+        assert_eq!(early.load(Ordering::SeqCst), 0, "seed {seed}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
 async fn timeouts_are_charged_more_than_fast_failures() {
     // The same client (five requests a second) with ten healthy seconds behind it,
     // then 50 requests against a dependency that answers every attempt with a fast

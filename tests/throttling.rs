@@ -1,5 +1,6 @@
 //! A 429 is throttling, not a transient error: on paused time, its retry waits from a
-//! longer base, and a throttled burst goes back at the rate the server accepts.
+//! longer base, and a throttled burst goes back through the gate of throttled retries,
+//! at the rate the server accepts.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -114,9 +115,16 @@ async fn a_throttled_burst_goes_back_at_the_rate_the_server_accepts() {
             served += 1;
         }
     }
-    // One of the burst served at once; nine refused, each sent again once, on a slot of
-    // its own (one every 100 ms), no earlier than the server asked: every retry served.
+    // One of the burst served at once; nine refused, each sent again, no earlier than
+    // the server asked, through the gate at the rate the server accepted lately (about
+    // one every 100 ms): every retry served. The gate probes above that rate by a
+    // tenth per retry accepted; one probe may be refused, and its own retry served.
     assert_eq!(served, 10);
-    assert_eq!(refused.load(Ordering::SeqCst) - refused_before, 9);
-    assert_eq!(attempts.load(Ordering::SeqCst) - attempts_before, 10 + 19);
+    let refused = refused.load(Ordering::SeqCst) - refused_before;
+    assert!((9..=10).contains(&refused), "{refused}");
+    // Ten calls a second, the burst's ten, and one retry per refusal.
+    assert_eq!(
+        attempts.load(Ordering::SeqCst) - attempts_before,
+        10 + 10 + refused
+    );
 }

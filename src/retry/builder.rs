@@ -304,6 +304,7 @@ impl RetryPolicyBuilder {
             retry: stormguard_core::retry::RequestRetry::new(),
             unprocessed: false,
             deadline: RequestDeadline::Unsent,
+            gated_since: None,
         }
     }
 }

@@ -15,6 +15,7 @@ use tower_service::Service;
 use super::service::{Core, Proved};
 use stormguard_core::Class;
 
+use super::policy::Release;
 use super::shared::plain_success;
 use super::{Handoff, RetryPolicy, Wait};
 
@@ -40,7 +41,8 @@ pin_project! {
         // The attempt in flight's tracking, if it is tracked (`crate::connect`).
         handoff: Option<Box<Handoff>>,
         // A failed attempt's outcome, held while its connection settles whether it
-        // proves the request unprocessed (`crate::connect`).
+        // proves the request unprocessed (`crate::connect`), or while a retry of a
+        // throttling answer waits for the gate (handed back if it is not let through).
         held: Option<Box<Result<S::Response, S::Error>>>,
         #[pin]
         state: State<S::Future>,
@@ -165,6 +167,24 @@ where
                 }
                 StateProj::Waiting { wait } => {
                     ready!(wait.poll(cx));
+                    if let (Some(held), Some(policy), Some(copy)) =
+                        (this.held.as_mut(), this.policy.as_mut(), this.copy.as_mut())
+                    {
+                        match policy.release(copy, held) {
+                            Release::Send => {}
+                            Release::Wait(wait) => {
+                                this.state.set(State::Waiting { wait });
+                                continue;
+                            }
+                            Release::GiveUp => {
+                                let Some(held) = this.held.take() else {
+                                    unreachable!("a gated retry without its outcome");
+                                };
+                                return Poll::Ready(*held);
+                            }
+                        }
+                        *this.held = None;
+                    }
                     this.state.set(State::Retrying);
                 }
                 StateProj::Deciding => {
@@ -244,6 +264,10 @@ where
             &mut result,
         ) {
             Some(wait) => {
+                if policy.is_gated() {
+                    // Kept to be handed back if the gate does not let the retry through.
+                    *self.held = Some(Box::new(result));
+                }
                 self.state.set(State::Waiting { wait });
                 None
             }

@@ -225,6 +225,8 @@ pub use crate::give_up::GiveUp;
 pub use crate::tower_budget::TowerBudget;
 pub use builder::RetryPolicyBuilder;
 pub use layer::{CloneBodies, ReplayBodies, ReplayRetry, RetryLayer};
+#[cfg(feature = "reqwest")]
+pub(crate) use policy::Release;
 pub use policy::RetryPolicy;
 pub(crate) use request::{is_grpc, safe_to_repeat};
 pub use service::Retry;

@@ -59,6 +59,18 @@ pub struct RetryPolicy {
     /// counted from its first send, read from the request at its first failure (a
     /// success never needs it).
     pub(super) deadline: RequestDeadline,
+    /// When the retry waiting for the gate of throttled retries was decided.
+    pub(super) gated_since: Option<Instant>,
+}
+
+/// What becomes of a gated retry once its wait is over ([`RetryPolicy::release`]).
+pub(crate) enum Release {
+    /// Send it now.
+    Send,
+    /// Send it after this wait, for its slot.
+    Wait(Wait),
+    /// Not sent: hand the outcome back (settled).
+    GiveUp,
 }
 
 /// What bounds one request's retries: the policy's settings, or its gRPC method's.
@@ -94,6 +106,7 @@ impl Default for RetryPolicy {
 /// mid-retry) was not served: its retries are charged as wasted.
 impl Drop for RetryPolicy {
     fn drop(&mut self) {
+        self.retry.leave_gate(&self.shared.pace);
         if self.retry.has_unsettled() {
             let now = tokio::time::Instant::now().into_std();
             self.retry.abandon(now, Some(&self.shared.budget));
@@ -122,6 +135,7 @@ impl RetryPolicy {
             server_refused: load(&c.server_refused),
             deadline: load(&c.deadline),
             transparent_retries: load(&c.transparent_retries),
+            throttled: load(&c.throttled),
         }
     }
 
@@ -155,6 +169,7 @@ impl RetryPolicy {
             retry: RequestRetry::new(),
             unprocessed: false,
             deadline: RequestDeadline::SentAt(sent, total),
+            gated_since: None,
         }
     }
 
@@ -163,6 +178,50 @@ impl RetryPolicy {
     /// never acted on ([`crate::connect`]).
     pub(super) fn attempt_unprocessed(&mut self) {
         self.unprocessed = true;
+    }
+
+    /// Whether the retry just decided is one of a throttling answer, to be let through
+    /// by the gate once its wait is over ([`release`](Self::release)): its driver keeps
+    /// the outcome, to hand it back if it is not.
+    pub(crate) fn is_gated(&self) -> bool {
+        self.retry.is_gated()
+    }
+
+    /// Once a gated retry's wait is over: send it now, wait for its slot, or hand
+    /// `result` back (the gate had no slot for it; the retry is not sent).
+    pub(crate) fn release<B, Res, E>(
+        &mut self,
+        req: &mut Request<B>,
+        result: &mut Result<Response<Res>, E>,
+    ) -> Release {
+        let now = tokio::time::Instant::now().into_std();
+        let shared = Arc::clone(&self.shared);
+        let mut env = Env {
+            now,
+            budget: Some(&shared.budget),
+            throttle: shared.throttle.as_ref(),
+            pace: Some(&shared.pace),
+            max_retry_after: shared.max_retry_after,
+            deadline: self.deadline(),
+            seed: None,
+        };
+        match self.retry.release(&mut env).decision {
+            Decision::Retry { delay, attempts } if delay.is_zero() => {
+                if is_grpc(req) {
+                    self.set_grpc_timeout(req.headers_mut(), now);
+                }
+                let waited = self.gated_since.take().map(|since| now - since);
+                let status = result.as_ref().ok().map(|res| res.status().as_u16());
+                shared.retried(attempts, waited.unwrap_or_default(), status);
+                Release::Send
+            }
+            Decision::Retry { delay, .. } => Release::Wait(Wait::sleep(delay)),
+            Decision::Done { attempts, give_up } => {
+                self.finish(result, attempts, give_up);
+                Release::GiveUp
+            }
+            Decision::Transparent { .. } | Decision::Refused { .. } => Release::Send,
+        }
     }
 
     /// Hands the outcome back (the budget is settled): records why (if it is a give-up)
@@ -234,7 +293,7 @@ where
             let attempts = self
                 .retry
                 .served(now, Some(&shared.budget), shared.throttle.as_ref());
-            shared.pace.accepted(now);
+            self.retry.accepted(now, &shared.pace);
             return self.finish(result, attempts, None);
         }
         let unprocessed = std::mem::take(&mut self.unprocessed);
@@ -351,8 +410,13 @@ where
                 } else {
                     headers.insert(X_ATTEMPT_COUNT, HeaderValue::from(attempts + 1));
                 }
-                let status = result.as_ref().ok().map(|res| res.status().as_u16());
-                shared.retried(attempts, delay, status);
+                if self.retry.is_gated() {
+                    // Counted as a retry when the gate lets it through.
+                    self.gated_since = Some(now);
+                } else {
+                    let status = result.as_ref().ok().map(|res| res.status().as_u16());
+                    shared.retried(attempts, delay, status);
+                }
                 Some(Wait::sleep(delay))
             }
         }

@@ -43,6 +43,10 @@ pub struct RetryStats {
     /// Transparent retries: requests the server refused before its application saw
     /// them, sent again at once without spending an attempt or budget.
     pub transparent_retries: u64,
+    /// Requests a rate limiter throttled whose retry the gate of throttled retries did
+    /// not let through (no slot at the rate the server accepts within one more of its
+    /// wait): the throttling answer was handed back.
+    pub throttled: u64,
 }
 
 #[derive(Debug, Default)]
@@ -57,6 +61,7 @@ pub(super) struct Counters {
     pub(super) server_refused: AtomicU64,
     pub(super) deadline: AtomicU64,
     pub(super) transparent_retries: AtomicU64,
+    pub(super) throttled: AtomicU64,
 }
 
 pub(super) fn bump(counter: &AtomicU64) {
@@ -193,6 +198,7 @@ impl Shared {
                 bump(&c.server_refused)
             }
             GiveUp::Deadline => bump(&c.deadline),
+            GiveUp::Throttled => bump(&c.throttled),
             // A circuit's refusal is counted by the breaker, a shed call by the load
             // limit; a reason added later, by none of the counters above.
             _ => {}

@@ -36,6 +36,10 @@ pub enum GiveUp {
     /// The load control shed the call: the dependency had no room for it within the
     /// wait allowed, so it was never sent and is not sent again.
     Shed,
+    /// The server throttled the request (429, `RESOURCE_EXHAUSTED`), and the gate of
+    /// throttled retries had no slot for its retry within one more of the server's
+    /// wait: the retry was not sent.
+    Throttled,
 }
 
 impl GiveUp {
@@ -51,6 +55,7 @@ impl GiveUp {
             GiveUp::Pushback => "pushback",
             GiveUp::CircuitOpen => "circuit_open",
             GiveUp::Shed => "shed",
+            GiveUp::Throttled => "throttled",
             GiveUp::Deadline => "deadline",
             GiveUp::DontRetry => "dont_retry",
         }

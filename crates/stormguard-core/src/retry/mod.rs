@@ -57,7 +57,7 @@ use crate::throttle::RetryThrottle;
 use crate::{Backoff, Class, RetryBudget, Schedule};
 
 pub use give_up::GiveUp;
-pub use throttled::{ThrottlePace, ARMED_FOR, KNOWN, THROTTLE_BASE};
+pub use throttled::{Gate, ThrottlePace, ARMED_FOR, GATE_CUT, GATE_START, KNOWN, THROTTLE_BASE};
 
 /// What is known of one call of a request, as its driver classified it.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -66,7 +66,8 @@ pub enum Attempt {
     /// whatever its method (a gRPC code the configuration calls retryable, gRFC A6).
     Answered {
         /// Whether the answer was a rate limiter's (429, `RESOURCE_EXHAUSTED`): its
-        /// retry waits from [`THROTTLE_BASE`] and for a slot of the [`ThrottlePace`].
+        /// retry waits from [`THROTTLE_BASE`] and is then let through by the
+        /// [`ThrottlePace`] ([`RequestRetry::release`]).
         throttled: bool,
         /// The answer, classified.
         class: Class,
@@ -154,8 +155,8 @@ pub struct Env<'a> {
     pub budget: Option<&'a RetryBudget>,
     /// gRPC's retry throttle, when the service config has one.
     pub throttle: Option<&'a RetryThrottle>,
-    /// The pace of the dependency's throttled retries (`None`: each waits its own
-    /// `Retry-After` or [`THROTTLE_BASE`] alone).
+    /// The gate of the dependency's throttled retries (`None`: each waits its own
+    /// `Retry-After` or [`THROTTLE_BASE`] alone, and goes).
     pub pace: Option<&'a ThrottlePace>,
     /// The longest server hint waited for; a longer one gives up.
     pub max_retry_after: Duration,
@@ -249,6 +250,12 @@ pub struct RequestRetry {
     /// A call timed out and is not yet charged for it: charged once its own retry is
     /// decided.
     expensive_pending: bool,
+    /// A retry of a throttling answer waits for the gate: it may go until then.
+    gated_until: Option<Instant>,
+    /// The call in flight went through the gate: its answer teaches it.
+    gated_sent: bool,
+    /// The retry is counted in the gate's queue.
+    gate_queued: bool,
     streams: Option<Box<Streams>>,
 }
 
@@ -285,6 +292,7 @@ impl RequestRetry {
         throttle: Option<&RetryThrottle>,
     ) -> u32 {
         self.attempts += 1;
+        self.gated_until = None;
         if let Some(throttle) = throttle {
             throttle.record_success();
         }
@@ -300,6 +308,13 @@ impl RequestRetry {
     }
     /// Decides on the outcome of the request's last call.
     pub fn decide(&mut self, env: &mut Env<'_>, req: &Request, attempt: Attempt) -> Decided {
+        // A driver that cannot hold a retry back after its wait sent it anyway.
+        self.gated_until = None;
+        if std::mem::take(&mut self.gated_sent) {
+            if let (Some(pace), Attempt::Answered { throttled, .. }) = (env.pace, attempt) {
+                pace.answered(env.now, throttled);
+            }
+        }
         let (class, any_method, expensive, after_break) = match attempt {
             Attempt::Answered {
                 class, any_method, ..
@@ -381,23 +396,26 @@ impl RequestRetry {
             (None, None) if throttled => {
                 // A throttling answer without a hint: from a longer base than a 5xx's,
                 // doubling, with up to as much again of jitter.
-                let base = THROTTLE_BASE.saturating_mul(1 << (attempts - 1).min(5));
+                let base = throttle_base(attempts);
                 let draw: f64 = self.streams(env, backoff).rng.random();
                 base + base.mul_f64(draw)
             }
             (None, None) => self.next_backoff(env, backoff),
         };
-        let delay = if throttled && after_break.is_none() {
+        let gated = throttled && after_break.is_none();
+        let delay = if gated {
             // A throttled burst is not sent back at once: spread over one more of the
-            // server's wait (without one, the throttling backoff is spread already), and
-            // at the rate the server accepts once that is known.
+            // server's wait (without one, the throttling backoff is spread already),
+            // then let through by the gate, or not at all past one more of it.
             let span = after.unwrap_or(Duration::ZERO);
             let draw: f64 = self.streams(env, backoff).rng.random();
-            let earliest = delay.saturating_add(span.mul_f64(draw));
-            match env.pace {
-                Some(pace) => pace.slot(env.now, env.now + earliest) - env.now,
-                None => earliest,
+            let delay = delay.saturating_add(span.mul_f64(draw));
+            if let Some(pace) = env.pace {
+                pace.arm(env.now);
+                let waited = after.unwrap_or_else(|| throttle_base(attempts));
+                self.gated_until = Some(env.now + delay.saturating_add(waited));
             }
+            delay
         } else {
             delay
         };
@@ -415,6 +433,110 @@ impl RequestRetry {
     /// admitted is charged as wasted.
     pub fn abandon(&mut self, now: Instant, budget: Option<&RetryBudget>) {
         self.settle(now, budget, false);
+    }
+
+    /// Whether the retry just decided waits for the gate of throttled retries when its
+    /// wait is over: the driver then asks [`release`](Self::release) before sending it,
+    /// and keeps the outcome it would hand back if the retry is not let through.
+    pub fn is_gated(&self) -> bool {
+        self.gated_until.is_some()
+    }
+
+    /// Once the wait of a retry of a throttling answer is over (at `env.now`): whether
+    /// the gate ([`ThrottlePace`]) lets it through. [`Decision::Retry`] with a zero
+    /// delay: send it now; with a delay: wait for a slot and ask again (it is still
+    /// [gated](Self::is_gated)); [`Decision::Done`] with [`GiveUp::Throttled`] when no
+    /// slot came within one more of the server's wait: the retry is not sent, and the
+    /// outcome before it is handed back. A retry that is not gated is sent now.
+    ///
+    /// ```
+    /// use std::time::{Duration, Instant};
+    /// use stormguard_core::retry::{Attempt, Decision, Env, GiveUp, Request, RequestRetry, ThrottlePace};
+    /// use stormguard_core::{Backoff, Class, RetryBudget};
+    ///
+    /// let (budget, pace) = (RetryBudget::default(), ThrottlePace::new());
+    /// let t0 = Instant::now();
+    /// budget.deposit(t0);
+    /// let request = Request::new(3, Backoff::default());
+    /// let throttled = Attempt::Answered {
+    ///     throttled: true,
+    ///     class: Class::Retryable { after: Some(Duration::from_secs(1)) },
+    ///     any_method: false,
+    /// };
+    /// let mut retry = RequestRetry::new();
+    /// let mut env = Env::new(t0, &budget);
+    /// env.pace = Some(&pace);
+    /// let Decision::Retry { delay, .. } = retry.decide(&mut env, &request, throttled).decision
+    /// else { unreachable!() };
+    /// assert!(delay >= Duration::from_secs(1) && retry.is_gated());
+    /// // The limiter refuses the retries the gate let through: it closes, and other
+    /// // retries keep taking its slots.
+    /// let woken = t0 + delay;
+    /// pace.answered(woken, true);
+    /// env.now = woken;
+    /// for _ in 0..100 {
+    ///     let decided = retry.release(&mut env);
+    ///     match decided.decision {
+    ///         Decision::Retry { delay, .. } => env.now += delay.max(Duration::from_millis(1)),
+    ///         other => {
+    ///             assert_eq!(other, Decision::Done { attempts: 1, give_up: Some(GiveUp::Throttled) });
+    ///             break;
+    ///         }
+    ///     }
+    ///     // Another retry takes the slot first.
+    ///     let _ = pace.release(env.now, env.now, &mut false, 0.0);
+    /// }
+    /// assert!(!retry.is_gated());
+    /// ```
+    pub fn release(&mut self, env: &mut Env<'_>) -> Decided {
+        let attempts = self.attempts;
+        let send = |delay| Decided {
+            decision: Decision::Retry { delay, attempts },
+            counted: None,
+        };
+        let (Some(until), Some(pace)) = (self.gated_until, env.pace) else {
+            self.gated_until = None;
+            return send(Duration::ZERO);
+        };
+        // A call must start strictly before the deadline.
+        let until = match env.deadline {
+            Some(deadline) => until.min(
+                env.now
+                    + deadline
+                        .remaining(env.now)
+                        .saturating_sub(Duration::from_nanos(1)),
+            ),
+            None => until,
+        };
+        let draw = self.streams.as_mut().map_or(0.5, |s| s.rng.random());
+        match pace.release(env.now, until, &mut self.gate_queued, draw) {
+            Gate::Go => {
+                self.gated_until = None;
+                self.gated_sent = true;
+                send(Duration::ZERO)
+            }
+            Gate::Wait(wait) => send(wait),
+            Gate::Closed => {
+                // Not sent: the retry the budget admitted is not one.
+                self.admitted = self.admitted.saturating_sub(1);
+                self.done(env, attempts, Some(GiveUp::Throttled), None)
+            }
+        }
+    }
+
+    /// Takes a request given up on while its retry waited for the gate out of the
+    /// gate's queue (with [`abandon`](Self::abandon)).
+    pub fn leave_gate(&mut self, pace: &ThrottlePace) {
+        pace.leave(&mut self.gate_queued);
+    }
+
+    /// Counts an answer the server accepted at `now` with the gate of throttled
+    /// retries (the success the driver settled with [`served`](Self::served)).
+    pub fn accepted(&mut self, now: Instant, pace: &ThrottlePace) {
+        if std::mem::take(&mut self.gated_sent) {
+            pace.answered(now, false);
+        }
+        pace.accepted(now);
     }
 
     /// The one free retry of a request its server refused before its application saw
@@ -602,6 +724,7 @@ impl RequestRetry {
         give_up: Option<GiveUp>,
         counted: Option<Class>,
     ) -> Decided {
+        self.gated_until = None;
         self.charge_expensive(env.now, env.budget);
         self.settle(env.now, env.budget, give_up.is_none());
         Decided {
@@ -664,6 +787,12 @@ impl RequestRetry {
         let extra = self.streams(env, backoff).rng.random_range(0..spread);
         hint.saturating_add(Duration::from_nanos(extra))
     }
+}
+
+/// The wait of a throttling answer without a hint after `attempts` attempts:
+/// [`THROTTLE_BASE`], doubling, up to 32 times it.
+fn throttle_base(attempts: u32) -> Duration {
+    THROTTLE_BASE.saturating_mul(1 << attempts.saturating_sub(1).min(5))
 }
 
 #[cfg(test)]

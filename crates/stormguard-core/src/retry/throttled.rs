@@ -14,39 +14,75 @@ pub const THROTTLE_BASE: Duration = Duration::from_secs(1);
 
 /// A second, in nanoseconds.
 const SECOND: u64 = 1_000_000_000;
-/// The answers accepted in a second from which their rate paces throttled retries:
-/// fewer say too little of the rate (a burst's one accepted call is not a rate of one
-/// a second).
+/// The rate a dependency's throttled retries are let through at, once one of them was
+/// throttled again, unless the server accepted more answers than that in the last
+/// second: a start the gate leaves within a few answers (cut by [`GATE_CUT`] by each
+/// throttled one, a tenth more for each accepted one).
+pub const GATE_START: u32 = 10;
+/// What a retry throttled again leaves of the gate's rate: the AWS SDKs' adaptive retry
+/// mode's β (its CUBIC rate limiter's multiplicative decrease).
+pub const GATE_CUT: f64 = 0.7;
+/// The answers accepted in a second from which their rate is known: fewer say too
+/// little of it (a burst's one accepted call is not a rate of one a second).
 pub const KNOWN: u64 = 5;
+/// A closed gate that let nothing through for this long starts over from what is known
+/// of the server's rate.
+const IDLE: u64 = SECOND;
+/// The slowest the gate lets throttled retries through, per second.
+const GATE_MIN: u64 = 1;
+/// The fastest, per second.
+const GATE_MAX: u64 = 1_000_000;
+/// Rates are kept in thousandths of a call a second.
+const MILLI: u64 = 1000;
 
-/// The slots of a dependency's throttled retries, one every `1 / rate` seconds, where
-/// the rate is the answers the server accepted in the last whole second: a retry of a
-/// 429 waits its `Retry-After` (or [`THROTTLE_BASE`]), spread over up to as much again,
-/// and then for the next free slot. Shared by reference; lock-free.
+/// The gate of a dependency's throttled retries: a retry of a throttling answer (429,
+/// `RESOURCE_EXHAUSTED`) waits its `Retry-After` (or [`THROTTLE_BASE`]), spread over up
+/// to as much again, and is then let through at the rate the server accepts them, or
+/// not at all: a retry that finds no free slot within one more of the server's wait is
+/// not sent (the request gives up with [`GiveUp::Throttled`](super::GiveUp::Throttled)).
+/// Shared by reference; lock-free.
+///
+/// When the server has not accepted [`KNOWN`] answers a second lately, the gate is open
+/// until a retry sent through it is throttled again: a rate limiter that lets a burst's
+/// retries through after its `Retry-After` (a window that resets) sees them as they
+/// come. From then on, or from the throttling answer when the server's rate is known,
+/// it lets retries through one per slot, at a rate that starts at that of the answers
+/// the server accepted lately (at least [`GATE_START`] a second once a retry was
+/// throttled again), is cut by [`GATE_CUT`] by a retry throttled again (once per slot)
+/// and grows by a tenth with each one accepted: the rate the limiter accepts, found as
+/// TCP finds a path's. A gate that let nothing through for a second starts over at the
+/// next throttling answer; it opens [`ARMED_FOR`] after the last one. A retry that finds the next slot taken waits for it, its wait spread over
+/// the queue of retries waiting (so that about one asks per slot), and asks again: a
+/// rate that grows shortens every wait at once.
 ///
 /// Why: a rate limiter refuses the calls of a burst at one instant and asks them all
-/// to come back after the same `Retry-After`; sent back together, they meet the same
-/// limit and are refused again, every attempt spent on nothing (`tests/rate_limited.rs`
-/// in the repository shows it against nginx `limit_req`). Spaced at the rate the server
-/// accepts, each retry lands on a slot the limiter has.
+/// to come back after the same `Retry-After`; sent back together, or at any rate above
+/// the limiter's, they meet the same limit and are refused again, every attempt spent
+/// on nothing, and a client that always has more to send keeps the limiter refusing.
+/// `tests/rate_limited.rs` in the repository shows it against nginx `limit_req`: 100
+/// GETs at once, answered on every attempt, made 2.8 attempts a request; through the
+/// gate, at most 1.5.
 ///
 /// ```
 /// use std::time::{Duration, Instant};
-/// use stormguard_core::retry::ThrottlePace;
+/// use stormguard_core::retry::{Gate, ThrottlePace};
 ///
 /// let pace = ThrottlePace::new();
 /// let t0 = Instant::now();
 /// let ms = Duration::from_millis;
-/// // Nothing accepted yet: the rate is not known, a retry goes when it may. (A
-/// // throttled retry arms the count of accepted answers.)
-/// assert_eq!(pace.slot(t0, t0 + ms(1000)), t0 + ms(1000));
-/// // Ten accepted in a second: one retry every 100 ms.
-/// for i in 0..10 {
-///     pace.accepted(t0 + ms(100 * i));
-/// }
-/// let t1 = t0 + ms(1000);
-/// assert_eq!(pace.slot(t1, t1 + ms(1000)), t1 + ms(1000));
-/// assert_eq!(pace.slot(t1, t1 + ms(1000)), t1 + ms(1100));
+/// pace.arm(t0);
+/// // Open: a throttled retry goes when its wait is over.
+/// let mut queued = false;
+/// assert_eq!(pace.release(t0, t0 + ms(1000), &mut queued, 0.5), Gate::Go);
+/// // It was throttled again: the gate closes, to 10 a second.
+/// pace.answered(t0, true);
+/// // The next slot is 100 ms away: wait for it (alone in the queue), and ask again.
+/// assert_eq!(pace.release(t0, t0 + ms(1000), &mut queued, 0.5), Gate::Wait(ms(150)));
+/// assert!(queued);
+/// assert_eq!(pace.release(t0 + ms(150), t0 + ms(1000), &mut queued, 0.5), Gate::Go);
+/// // A retry that finds no slot before it stops waiting is not sent.
+/// let mut other = false;
+/// assert_eq!(pace.release(t0 + ms(200), t0 + ms(200), &mut other, 0.5), Gate::Closed);
 /// ```
 #[derive(Debug, Default)]
 pub struct ThrottlePace {
@@ -57,17 +93,36 @@ pub struct ThrottlePace {
     last: AtomicU64,
     /// The next free slot, in nanoseconds from the origin.
     next: AtomicU64,
-    /// Until when accepted answers are counted (nanoseconds from the origin, plus one;
-    /// zero: never armed): for [`ARMED_FOR`] after a throttling answer, so that a
-    /// dependency that never throttles costs its successes one load, not a count.
+    /// Until when the gate is armed: accepted answers are counted and, once closed, it
+    /// stays closed (nanoseconds from the origin, plus one; zero: never armed): for
+    /// [`ARMED_FOR`] after a throttling answer, so that a dependency that never
+    /// throttles costs its successes one load, not a count.
     armed_until: AtomicU64,
+    /// The rate retries are let through at, in thousandths a second; zero: open.
+    rate: AtomicU64,
+    /// When the rate was last cut.
+    cut_at: AtomicU64,
+    /// The retries waiting for a slot.
+    waiting: AtomicU64,
 }
 
-/// How long after a throttling answer the answers the server accepts are counted.
+/// What the gate says to a throttled retry whose wait is over
+/// ([`ThrottlePace::release`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gate {
+    /// Send it now: the slot is its own.
+    Go,
+    /// Wait this long and ask again.
+    Wait(Duration),
+    /// No slot came before it stopped waiting: do not send it.
+    Closed,
+}
+
+/// How long after a throttling answer the gate stays armed.
 pub const ARMED_FOR: Duration = Duration::from_secs(60);
 
 impl ThrottlePace {
-    /// A pace that has seen nothing.
+    /// A gate that has seen nothing.
     pub fn new() -> Self {
         ThrottlePace::default()
     }
@@ -77,8 +132,50 @@ impl ThrottlePace {
         u64::try_from(at.saturating_duration_since(origin).as_nanos()).unwrap_or(u64::MAX / 2)
     }
 
-    /// Counts an answer the server accepted at `now`, while armed by a throttling
-    /// answer in the last [`ARMED_FOR`].
+    /// Arms the gate for [`ARMED_FOR`] from `now`: a throttling answer was decided on.
+    pub fn arm(&self, now: Instant) {
+        let at = self.nanos(now);
+        let armed = at
+            .saturating_add(u64::try_from(ARMED_FOR.as_nanos()).unwrap_or(u64::MAX))
+            .saturating_add(1);
+        let before = self.armed_until.fetch_max(armed, Ordering::AcqRel);
+        if before != 0 && before <= at {
+            // Armed again after it lapsed: what it learnt is stale.
+            self.rate.store(0, Ordering::Release);
+        }
+        self.restart_if_idle(at);
+    }
+
+    /// Starts an open gate, or one that let nothing through for [`IDLE`], over from
+    /// what is known as a throttling answer comes: closed at the rate the server
+    /// accepted lately if it is known, else open.
+    fn restart_if_idle(&self, at: u64) {
+        let milli = self.rate.load(Ordering::Acquire);
+        let next = self.next.load(Ordering::Acquire);
+        if milli != 0 && next.saturating_add(IDLE) >= at {
+            return;
+        }
+        let measured = self.measured(at);
+        let start = if measured >= KNOWN {
+            measured * MILLI
+        } else {
+            0
+        };
+        if self
+            .rate
+            .compare_exchange(milli, start, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+        {
+            self.next.fetch_max(at, Ordering::AcqRel);
+        }
+    }
+
+    /// Whether the gate is armed at `at` (nanoseconds from the origin).
+    fn armed(&self, at: u64) -> bool {
+        at < self.armed_until.load(Ordering::Acquire)
+    }
+
+    /// Counts an answer the server accepted at `now`, while armed.
     pub fn accepted(&self, now: Instant) {
         self.accepted_with(|| now);
     }
@@ -122,10 +219,9 @@ impl ThrottlePace {
         }
     }
 
-    /// The answers accepted per second, as of `now`: the last whole second's and this
-    /// one's so far, over the time they span; at least one.
-    pub fn rate(&self, now: Instant) -> u64 {
-        let at = self.nanos(now);
+    /// The answers accepted per second as of `at`: the last whole second's and this
+    /// one's so far, over the time they span.
+    fn measured(&self, at: u64) -> u64 {
         let (second, into) = (at / SECOND, (at % SECOND) as f64 / SECOND as f64);
         let word = self.current.load(Ordering::Acquire);
         let (counted, count) = (word >> 32, word & 0xFFFF_FFFF);
@@ -136,38 +232,122 @@ impl ThrottlePace {
         } else {
             0
         };
-        ((seen as f64 / (1.0 + into)) as u64).max(1)
+        (seen as f64 / (1.0 + into)) as u64
     }
 
-    /// The time a throttled retry that may go at `earliest` goes: `earliest`, or the
-    /// next free slot if later; the slot after it is taken. Until the server has
-    /// accepted [`KNOWN`] answers in a second, its rate is not known and the retry goes
-    /// at `earliest`.
-    pub fn slot(&self, now: Instant, earliest: Instant) -> Instant {
-        let armed = self
-            .nanos(now)
-            .saturating_add(u64::try_from(ARMED_FOR.as_nanos()).unwrap_or(u64::MAX))
-            .saturating_add(1);
-        self.armed_until.fetch_max(armed, Ordering::Relaxed);
-        let rate = self.rate(now);
-        if rate < KNOWN {
-            return earliest;
+    /// The rate the gate lets retries through at, in calls a second (`None`: open).
+    pub fn rate(&self, now: Instant) -> Option<f64> {
+        let at = self.nanos(now);
+        match self.rate.load(Ordering::Acquire) {
+            milli if milli == 0 || !self.armed(at) => None,
+            milli => Some(milli as f64 / MILLI as f64),
         }
-        let gap = SECOND / rate;
-        let from = self.nanos(earliest);
-        let origin = *self.origin.get_or_init(|| now);
-        let mut next = self.next.load(Ordering::Relaxed);
-        loop {
-            let slot = from.max(next);
+    }
+
+    /// Whether a throttled retry whose wait is over at `now` goes: at once while the
+    /// gate is open or its next slot is free (the retry takes it), else after a wait
+    /// for the slot, spread by `draw` (in `[0, 1]`) over the queue of retries waiting
+    /// (or none, for one that would stop waiting within it), to ask again; not at all
+    /// once `until` has come. `queued` says whether the
+    /// retry is counted in the queue (false for a retry not yet waiting): kept by the
+    /// gate, and by [`leave`](Self::leave) if it is given up on.
+    pub fn release(&self, now: Instant, until: Instant, queued: &mut bool, draw: f64) -> Gate {
+        let at = self.nanos(now);
+        let milli = self.rate.load(Ordering::Acquire);
+        if milli == 0 || !self.armed(at) {
+            self.leave(queued);
+            return Gate::Go;
+        }
+        let gap = SECOND.saturating_mul(MILLI) / milli.max(1);
+        let mut next = self.next.load(Ordering::Acquire);
+        while next <= at {
             match self.next.compare_exchange_weak(
                 next,
-                slot.saturating_add(gap),
+                at.saturating_add(gap),
                 Ordering::AcqRel,
-                Ordering::Relaxed,
+                Ordering::Acquire,
             ) {
-                Ok(_) => return origin + Duration::from_nanos(slot),
+                Ok(_) => {
+                    self.leave(queued);
+                    return Gate::Go;
+                }
                 Err(seen) => next = seen,
             }
+        }
+        let until = self.nanos(until);
+        if at >= until {
+            self.leave(queued);
+            return Gate::Closed;
+        }
+        if !*queued {
+            *queued = true;
+            self.waiting.fetch_add(1, Ordering::AcqRel);
+        }
+        let draw = if draw.is_finite() {
+            draw.clamp(0.0, 1.0)
+        } else {
+            0.0
+        };
+        let queue = self.waiting.load(Ordering::Acquire).max(1) as f64;
+        let spread = (gap as f64 * queue * draw) as u64;
+        // One that would stop waiting within its share of the queue asks at the slot.
+        let wake = match next.checked_add(spread) {
+            Some(wake) if wake < until => wake,
+            _ => next.min(until),
+        };
+        Gate::Wait(Duration::from_nanos(wake - at))
+    }
+
+    /// Takes a retry given up on while it waited for a slot out of the queue.
+    pub fn leave(&self, queued: &mut bool) {
+        if std::mem::take(queued) {
+            self.waiting.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Learns from the answer, at `now`, to a retry the gate let through: `throttled`
+    /// again (the gate closes, or its rate is cut by [`GATE_CUT`], at most once per
+    /// slot), or accepted (a closed gate's rate grows by a tenth).
+    pub fn answered(&self, now: Instant, throttled: bool) {
+        let at = self.nanos(now);
+        let milli = self.rate.load(Ordering::Acquire);
+        if !throttled {
+            if milli != 0 {
+                let grown = (milli + milli / 10).min(GATE_MAX * MILLI);
+                let _ =
+                    self.rate
+                        .compare_exchange(milli, grown, Ordering::AcqRel, Ordering::Relaxed);
+            }
+            return;
+        }
+        if milli == 0 || !self.armed(at) {
+            let start = self.measured(at).max(u64::from(GATE_START)) * MILLI;
+            if self
+                .rate
+                .compare_exchange(milli, start, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+            {
+                self.cut_at.store(at, Ordering::Release);
+                let gap = SECOND.saturating_mul(MILLI) / start;
+                self.next
+                    .fetch_max(at.saturating_add(gap), Ordering::AcqRel);
+            }
+            return;
+        }
+        let gap = SECOND.saturating_mul(MILLI) / milli.max(1);
+        let cut = self.cut_at.load(Ordering::Acquire);
+        if at.saturating_sub(cut) < gap {
+            return;
+        }
+        if self
+            .cut_at
+            .compare_exchange(cut, at, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+        {
+            let cut = ((milli as f64 * GATE_CUT) as u64).max(GATE_MIN * MILLI);
+            let _ = self
+                .rate
+                .compare_exchange(milli, cut, Ordering::AcqRel, Ordering::Relaxed);
         }
     }
 }
@@ -177,29 +357,108 @@ impl ThrottlePace {
 mod tests {
     use super::*;
 
+    const fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
     #[test]
-    fn slots_follow_the_rate_the_server_accepted_last_second() {
+    fn the_gate_is_open_until_a_retry_it_let_through_is_throttled_again() {
         let pace = ThrottlePace::new();
         let t0 = Instant::now();
-        // Not counted before a throttling answer arms the count.
-        pace.accepted(t0);
-        assert_eq!(pace.slot(t0, t0), t0);
+        pace.arm(t0);
         for i in 0..20 {
-            pace.accepted(t0 + Duration::from_millis(50 * i));
+            let mut queued = false;
+            let at = t0 + ms(i);
+            assert_eq!(pace.release(at, at, &mut queued, 0.5), Gate::Go);
+            pace.answered(at, false);
         }
-        // 20 in the last whole second, none yet in this one, 1.1 s spanned: 18 a second.
-        let t1 = t0 + Duration::from_millis(1_100);
-        assert_eq!(pace.rate(t1), 18);
-        let after = t1 + Duration::from_secs(1);
-        let gap = Duration::from_nanos(SECOND / 18);
-        let slots: Vec<_> = (0..4).map(|_| pace.slot(t1, after) - after).collect();
-        assert_eq!(slots, [Duration::ZERO, gap, gap * 2, gap * 3]);
-        let ms = Duration::from_millis;
-        // A retry asked to wait longer than the queue of slots goes when asked.
-        assert_eq!(pace.slot(t1, after + ms(500)), after + ms(500));
-        // Two idle seconds later, the rate is not known any more.
-        let t3 = t1 + Duration::from_secs(3);
-        assert_eq!(pace.rate(t3), 1);
-        assert_eq!(pace.slot(t3, t3), t3);
+        assert_eq!(pace.rate(t0), None);
+        // Throttled again: closed at the start rate.
+        pace.answered(t0 + ms(20), true);
+        assert_eq!(pace.rate(t0 + ms(20)), Some(f64::from(GATE_START)));
+    }
+
+    #[test]
+    fn the_gate_closes_at_the_rate_the_server_accepted_last_second_if_more() {
+        let pace = ThrottlePace::new();
+        let t0 = Instant::now();
+        pace.arm(t0);
+        for i in 0..40 {
+            pace.accepted(t0 + ms(25 * i));
+        }
+        let t1 = t0 + ms(1_000);
+        pace.answered(t1, true);
+        assert_eq!(pace.rate(t1), Some(40.0));
+    }
+
+    #[test]
+    fn throttled_answers_cut_the_rate_once_per_slot_and_accepted_ones_grow_it() {
+        let pace = ThrottlePace::new();
+        let t0 = Instant::now();
+        pace.arm(t0);
+        pace.answered(t0, true);
+        // Within the slot (100 ms at 10 a second): no second cut.
+        pace.answered(t0 + ms(50), true);
+        assert_eq!(pace.rate(t0 + ms(50)), Some(10.0));
+        pace.answered(t0 + ms(100), true);
+        assert_eq!(pace.rate(t0 + ms(100)), Some(7.0));
+        pace.answered(t0 + ms(150), false);
+        assert_eq!(pace.rate(t0 + ms(150)), Some(7.7));
+        // Never below one a second.
+        for i in 0..20 {
+            pace.answered(t0 + Duration::from_secs(2 + i), true);
+        }
+        assert_eq!(pace.rate(t0 + ms(22_000)), Some(1.0));
+    }
+
+    #[test]
+    fn retries_go_one_per_slot_and_those_without_one_in_time_are_not_sent() {
+        let pace = ThrottlePace::new();
+        let t0 = Instant::now();
+        pace.arm(t0);
+        pace.answered(t0, true);
+        let until = t0 + ms(1_000);
+        // Thirty retries at once, each asking again when told, at 10 a second (a rate
+        // that moves on none of their answers here): one slot every 100 ms, from 100 ms.
+        let mut asks: Vec<(Instant, bool)> = vec![(t0, false); 30];
+        let (mut sent, mut closed, mut rounds) = (Vec::new(), 0, 0);
+        while !asks.is_empty() && rounds < 10_000 {
+            rounds += 1;
+            asks.sort_by_key(|ask| ask.0);
+            let (at, mut queued) = asks.remove(0);
+            let draw = (rounds % 7) as f64 / 7.0;
+            match pace.release(at, until, &mut queued, draw) {
+                Gate::Go => sent.push(at),
+                Gate::Wait(wait) => {
+                    assert!(!wait.is_zero() && at + wait <= until);
+                    asks.push((at + wait, queued));
+                }
+                Gate::Closed => closed += 1,
+            }
+        }
+        // Ten slots at most in the 900 ms from the first (fewer when an ask comes late
+        // to its slot); every other retry is not sent.
+        assert!((8..=10).contains(&sent.len()), "{sent:?}");
+        assert_eq!(sent.len() + closed, 30);
+        // Never two within a slot.
+        for pair in sent.windows(2) {
+            assert!(pair[1] - pair[0] >= ms(100), "{sent:?}");
+        }
+        assert_eq!(pace.waiting.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn the_gate_opens_again_once_no_throttling_answer_came_for_a_while() {
+        let pace = ThrottlePace::new();
+        let t0 = Instant::now();
+        pace.arm(t0);
+        pace.answered(t0, true);
+        let later = t0 + ARMED_FOR + ms(1);
+        assert_eq!(pace.rate(later), None);
+        let mut queued = false;
+        assert_eq!(pace.release(later, later, &mut queued, 0.5), Gate::Go);
+        // Armed again, it starts open, not at what it learnt before.
+        pace.arm(later);
+        assert_eq!(pace.rate(later), None);
     }
 }
