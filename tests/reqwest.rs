@@ -347,3 +347,37 @@ async fn a_call_past_the_load_limit_waits_for_room() {
     let stats = load.stats();
     assert_eq!((stats.shed, stats.in_flight), (0, 0));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_limiter_that_keeps_throttling_gets_its_429s_back_through_the_gate() {
+    // Every call answered 429 with `Retry-After: 1`: the retries go through the gate of
+    // throttled retries, which closes at the first one throttled again; the retries it
+    // has no slot for are not sent, and their requests get the 429 back.
+    let (url, calls) = serve(|_| (429, Some("1"), NOW)).await;
+    let middleware = StormguardMiddleware::new(policy());
+    let client = client(middleware.clone(), None);
+    let sends: Vec<_> = (0..40)
+        .map(|_| {
+            let request = client.get(&url);
+            tokio::spawn(async move { request.send().await })
+        })
+        .collect();
+    let mut all_three = 0;
+    for send in sends {
+        let response = send.await.expect("joined").expect("answered");
+        assert_eq!(response.status(), 429);
+        // The attempts it made (the extension is there from two).
+        if response.extensions().get::<Attempts>() == Some(&Attempts(3)) {
+            all_three += 1;
+        }
+    }
+    let stats = middleware.policy().stats();
+    println!("{all_three} with three attempts, {stats:?}");
+    assert_eq!(all_three, stats.exhausted, "{stats:?}");
+    assert!(stats.throttled > 0, "{stats:?}");
+    assert_eq!(stats.throttled + stats.exhausted, 40, "{stats:?}");
+    // Without the gate every request would have made its three attempts.
+    let calls = calls.load(Ordering::SeqCst);
+    assert!(calls < 2 * 40, "{calls} calls, {stats:?}");
+    assert_eq!(u64::from(calls), 40 + stats.retries, "{stats:?}");
+}
