@@ -8,7 +8,7 @@ use stormguard_core::limit::Load;
 
 use http::{HeaderValue, Request, Response};
 use stormguard_core::classify::{GrpcCodeSet, Rules, GRPC_PREVIOUS_RPC_ATTEMPTS, X_ATTEMPT_COUNT};
-use stormguard_core::retry::{self, Attempt, Decision, Env, Refusal, RequestRetry};
+use stormguard_core::retry::{self, Attempt, Decision, Refusal, RequestRetry};
 use stormguard_core::{Backoff, RetryBudget};
 
 use crate::error_class::ErrorClass;
@@ -196,15 +196,7 @@ impl RetryPolicy {
     ) -> Release {
         let now = tokio::time::Instant::now().into_std();
         let shared = Arc::clone(&self.shared);
-        let mut env = Env {
-            now,
-            budget: Some(&shared.budget),
-            throttle: shared.throttle.as_ref(),
-            pace: Some(&shared.pace),
-            max_retry_after: shared.max_retry_after,
-            deadline: self.deadline(),
-            seed: None,
-        };
+        let mut env = shared.env(now, self.deadline());
         match self.retry.release(&mut env).decision {
             Decision::Retry { delay, attempts } if delay.is_zero() => {
                 if is_grpc(req) {
@@ -371,15 +363,8 @@ where
                 seed ^ stream.wrapping_mul(0x9E37_79B9_7F4A_7C15)
             })
         };
-        let mut env = Env {
-            now,
-            budget: Some(&shared.budget),
-            throttle: shared.throttle.as_ref(),
-            pace: Some(&shared.pace),
-            max_retry_after: shared.max_retry_after,
-            deadline: self.deadline(),
-            seed: Some(&mut seed),
-        };
+        let mut env = shared.env(now, self.deadline());
+        env.seed = Some(&mut seed);
         match self.retry.decide(&mut env, &request, attempt).decision {
             Decision::Done { attempts, give_up } => self.finish(result, attempts, give_up),
             Decision::Transparent { attempts } => {

@@ -101,6 +101,25 @@ impl Shared {
     /// Records a request's first send at `now` (counted, paid into the budget), and
     /// says whether a copy is worth keeping: not for a request marked [`NoRetry`],
     /// which is sent once whatever happens.
+    /// What the policy's decisions at `now` are made with: the shared budget,
+    /// throttle and gate, the request's `deadline`; no seed for the request's random
+    /// stream (the decision that first draws sets one).
+    pub(super) fn env(
+        &self,
+        now: Instant,
+        deadline: Option<stormguard_core::deadline::Deadline>,
+    ) -> stormguard_core::retry::Env<'_> {
+        stormguard_core::retry::Env {
+            now,
+            budget: Some(&self.budget),
+            throttle: self.throttle.as_ref(),
+            pace: Some(&self.pace),
+            max_retry_after: self.max_retry_after,
+            deadline,
+            seed: None,
+        }
+    }
+
     pub(super) fn first_send<B>(&self, req: &Request<B>, now: Instant) -> bool {
         bump(&self.counters.requests);
         #[cfg(feature = "metrics")]

@@ -186,6 +186,16 @@ impl<'a> Env<'a> {
     fn outlasts_deadline(&self, delay: Duration) -> bool {
         self.deadline.is_some_and(|d| !d.allows(self.now, delay))
     }
+
+    /// How long from now a call may still start, if there is a deadline: strictly
+    /// before it.
+    fn left_to_start(&self) -> Option<Duration> {
+        self.deadline.map(|deadline| {
+            deadline
+                .remaining(self.now)
+                .saturating_sub(Duration::from_nanos(1))
+        })
+    }
 }
 
 /// How a request is sent again.
@@ -498,14 +508,8 @@ impl RequestRetry {
             self.gated_until = None;
             return send(Duration::ZERO);
         };
-        // A call must start strictly before the deadline.
-        let until = match env.deadline {
-            Some(deadline) => until.min(
-                env.now
-                    + deadline
-                        .remaining(env.now)
-                        .saturating_sub(Duration::from_nanos(1)),
-            ),
+        let until = match env.left_to_start() {
+            Some(left) => until.min(env.now + left),
             None => until,
         };
         let draw = self.streams.as_mut().map_or(0.5, |s| s.rng.random());
@@ -758,15 +762,9 @@ impl RequestRetry {
         delay: Duration,
         refusal: Refusal,
     ) -> Duration {
-        let limit = match env.deadline {
-            // A call must start strictly before the deadline.
-            Some(deadline) => backoff.cap().min(
-                deadline
-                    .remaining(env.now)
-                    .saturating_sub(Duration::from_nanos(1)),
-            ),
-            None => backoff.cap(),
-        };
+        let limit = env
+            .left_to_start()
+            .map_or(backoff.cap(), |left| backoff.cap().min(left));
         let draw: f64 = self.streams(env, backoff).rng.random();
         breaker::backlog_wait(delay, refusal.remaining, refusal.open_for, limit, draw)
     }

@@ -258,7 +258,7 @@ impl ThrottlePace {
             self.leave(queued);
             return Gate::Go;
         }
-        let gap = SECOND.saturating_mul(MILLI) / milli.max(1);
+        let gap = gap(milli);
         let mut next = self.next.load(Ordering::Acquire);
         while next <= at {
             match self.next.compare_exchange_weak(
@@ -328,13 +328,13 @@ impl ThrottlePace {
                 .is_ok()
             {
                 self.cut_at.store(at, Ordering::Release);
-                let gap = SECOND.saturating_mul(MILLI) / start;
+                let gap = gap(start);
                 self.next
                     .fetch_max(at.saturating_add(gap), Ordering::AcqRel);
             }
             return;
         }
-        let gap = SECOND.saturating_mul(MILLI) / milli.max(1);
+        let gap = gap(milli);
         let cut = self.cut_at.load(Ordering::Acquire);
         if at.saturating_sub(cut) < gap {
             return;
@@ -352,6 +352,12 @@ impl ThrottlePace {
     }
 }
 
+/// The time between two slots at `milli` thousandths of a call a second, in
+/// nanoseconds.
+fn gap(milli: u64) -> u64 {
+    SECOND.saturating_mul(MILLI) / milli.max(1)
+}
+
 #[cfg(test)]
 #[allow(clippy::disallowed_methods)] // the tests take their time zero from the clock
 mod tests {
@@ -361,11 +367,24 @@ mod tests {
         Duration::from_millis(n)
     }
 
-    #[test]
-    fn the_gate_is_open_until_a_retry_it_let_through_is_throttled_again() {
+    /// A gate armed by a throttling answer at its time zero.
+    fn armed() -> (ThrottlePace, Instant) {
         let pace = ThrottlePace::new();
         let t0 = Instant::now();
         pace.arm(t0);
+        (pace, t0)
+    }
+
+    /// A gate closed at time zero by a retry throttled again, at 10 a second.
+    fn closed() -> (ThrottlePace, Instant) {
+        let (pace, t0) = armed();
+        pace.answered(t0, true);
+        (pace, t0)
+    }
+
+    #[test]
+    fn the_gate_is_open_until_a_retry_it_let_through_is_throttled_again() {
+        let (pace, t0) = armed();
         for i in 0..20 {
             let mut queued = false;
             let at = t0 + ms(i);
@@ -380,9 +399,7 @@ mod tests {
 
     #[test]
     fn the_gate_closes_at_the_rate_the_server_accepted_last_second_if_more() {
-        let pace = ThrottlePace::new();
-        let t0 = Instant::now();
-        pace.arm(t0);
+        let (pace, t0) = armed();
         for i in 0..40 {
             pace.accepted(t0 + ms(25 * i));
         }
@@ -393,10 +410,7 @@ mod tests {
 
     #[test]
     fn throttled_answers_cut_the_rate_once_per_slot_and_accepted_ones_grow_it() {
-        let pace = ThrottlePace::new();
-        let t0 = Instant::now();
-        pace.arm(t0);
-        pace.answered(t0, true);
+        let (pace, t0) = closed();
         // Within the slot (100 ms at 10 a second): no second cut.
         pace.answered(t0 + ms(50), true);
         assert_eq!(pace.rate(t0 + ms(50)), Some(10.0));
@@ -413,10 +427,7 @@ mod tests {
 
     #[test]
     fn retries_go_one_per_slot_and_those_without_one_in_time_are_not_sent() {
-        let pace = ThrottlePace::new();
-        let t0 = Instant::now();
-        pace.arm(t0);
-        pace.answered(t0, true);
+        let (pace, t0) = closed();
         let until = t0 + ms(1_000);
         // Thirty retries at once, each asking again when told, at 10 a second (a rate
         // that moves on none of their answers here): one slot every 100 ms, from 100 ms.
@@ -449,10 +460,7 @@ mod tests {
 
     #[test]
     fn the_gate_opens_again_once_no_throttling_answer_came_for_a_while() {
-        let pace = ThrottlePace::new();
-        let t0 = Instant::now();
-        pace.arm(t0);
-        pace.answered(t0, true);
+        let (pace, t0) = closed();
         let later = t0 + ARMED_FOR + ms(1);
         assert_eq!(pace.rate(later), None);
         let mut queued = false;
