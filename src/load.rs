@@ -255,7 +255,9 @@ impl LoadControlBuilder {
     }
 
     /// How far above its floor the latency may be before it reads as a queue \[1.25\];
-    /// above 1 and at most 10.
+    /// above 1 and at most 10. The control raises it, up to 10, where the dependency's
+    /// own spread of latencies read as a queue (a cut that cost as much throughput as it
+    /// took calls, and after which the latency was shorter).
     pub fn tolerance(mut self, ratio: f64) -> Self {
         self.limit = self.limit.tolerance(ratio);
         self

@@ -25,10 +25,12 @@
 //!   such a dependency loses the calls it would have served.
 //!
 //! The limit is adjusted once per sampling window (four times the latency floor, 10 ms
-//! to 1 s, and at least a few calls), from the window's *shortest* latency: a queue in
-//! front of the dependency delays every call, the shortest included, while a slow tail
-//! (a big response, a cold cache) does not move it, so the minimum tells a queue from
-//! noise where a mean or a percentile would not.
+//! to 1 s, and at least a few calls), from the *shortest* latency of the window's first
+//! eight calls: a queue in front of the dependency delays every call, the shortest
+//! included, while a slow tail (a big response, a cold cache) does not move it, so the
+//! minimum tells a queue from noise where a mean or a percentile would not. It is the
+//! shortest of as many calls in every window, whatever the limit: the shortest of fewer
+//! calls is longer, so a cut would otherwise read as a queue by itself.
 //!
 //! - **A queue** (the window's minimum above `tolerance` × the floor, in two windows in a
 //!   row: where latencies have no floor, one window of a few calls often has no short
@@ -42,7 +44,13 @@
 //!   floor moves up to it. This is what keeps a brownout (every call 2.5 times as long)
 //!   from being read as a queue and throttled to nothing; it is the step Vegas and
 //!   Gradient lack, which is why they need a long-term average or a periodic probe at a
-//!   low limit (Envoy's minRTT window), which queues a healthy client's calls.
+//!   low limit (Envoy's minRTT window), which queues a healthy client's calls. Such a cut
+//!   was wrong, and is undone. If, besides, the latency that read as a queue is gone
+//!   after the cut, the shortest calls of a window were long by chance (a dependency
+//!   without a floor: exponential service, cache hits beside database reads): the ratio
+//!   that misled becomes the tolerance, up to 10, so that the spread of the dependency's
+//!   own latencies is not read as a queue again. Where the latency has no floor to read
+//!   a queue against, the overload answers and timeouts below still cut.
 //! - **Overload answers or timeouts** (at least one in twenty of a window's calls): the
 //!   limit is cut by a quarter.
 //! - **Room** (no queue, and the window's calls in flight reached half the limit): the
@@ -114,6 +122,12 @@ const PROBE_AFTER: u32 = 25;
 const MAX_CUT: f64 = 0.25;
 /// The cut after overload answers or timeouts.
 const DROP_CUT: f64 = 0.75;
+/// The calls of a window whose shortest latency is its sample: the same count in every
+/// window, as the shortest of more calls is shorter, and a cut, which makes a window's
+/// calls fewer, would read as a queue by itself.
+const SAMPLED: u32 = 8;
+/// The most a wrong cut raises the tolerance to (the setting's own bound).
+const MAX_TOLERANCE: f64 = 10.0;
 /// Nothing measured yet.
 const UNKNOWN: u64 = u64::MAX;
 
@@ -236,6 +250,11 @@ struct State {
     queue_seen: AtomicBool,
     /// The last window's shortest latency among fresh calls.
     last_min: AtomicU64,
+    /// The ratio to the floor that reads as a queue: the configured tolerance, raised
+    /// by the cuts that turned out wrong (an `f64`'s bits).
+    tolerance: AtomicU64,
+    /// The ratio to the floor that made the last latency cut (an `f64`'s bits).
+    cut_ratio: AtomicU64,
 }
 
 /// The settings of a [`LoadLimit`].
@@ -317,7 +336,9 @@ impl LoadLimitBuilder {
     }
 
     /// How far above the latency floor a window's shortest latency may be before it
-    /// counts as a queue \[1.25\]; above 1 and at most 10.
+    /// counts as a queue \[1.25\]; above 1 and at most 10. The limit raises it, up to
+    /// 10, where the dependency's own spread of latencies read as a queue: see the
+    /// [module docs](self).
     pub fn tolerance(mut self, ratio: f64) -> Self {
         self.config.tolerance = ratio;
         self
@@ -417,6 +438,8 @@ impl LoadLimit {
                 probe_restore: AtomicU64::new(0),
                 queue_seen: AtomicBool::new(false),
                 last_min: AtomicU64::new(UNKNOWN),
+                tolerance: AtomicU64::new(config.tolerance.to_bits()),
+                cut_ratio: AtomicU64::new(0f64.to_bits()),
             }),
         }
     }
@@ -496,11 +519,12 @@ impl LimitPermit {
         match load {
             Load::Served => {
                 state.served.fetch_add(1, Ordering::Relaxed);
-                if self.sent >= state.cut_at.load(Ordering::Acquire) {
+                if self.sent >= state.cut_at.load(Ordering::Acquire)
+                    && state.fresh.fetch_add(1, Ordering::AcqRel) < SAMPLED
+                {
                     state
                         .fresh_min
                         .fetch_min(at.saturating_sub(self.sent).max(1), Ordering::Relaxed);
-                    state.fresh.fetch_add(1, Ordering::Release);
                 }
             }
             Load::Overloaded => {
@@ -624,11 +648,26 @@ impl State {
                 if throughput < before * (1.0 + kept) / 2.0 {
                     // Fewer calls in flight, about as many fewer served: the calls were
                     // not queueing, the dependency is slower. Its latency is the floor.
+                    // The cut was wrong: it is undone.
+                    limit /= kept;
                     floor = w.fresh_min;
+                    if (w.fresh_min as f64) * c.tolerance < pending as f64 {
+                        // And the latency that read as a queue is gone: it was the
+                        // spread of the dependency's own latencies (no floor, as with
+                        // exponential service), which a window's shortest call reads
+                        // above the floor by chance. Such a ratio is not a queue.
+                        let tolerance = f64::from_bits(self.tolerance.load(Ordering::Acquire));
+                        let misread = f64::from_bits(self.cut_ratio.load(Ordering::Acquire));
+                        self.tolerance.store(
+                            tolerance.max(misread).min(MAX_TOLERANCE).to_bits(),
+                            Ordering::Release,
+                        );
+                    }
                 }
             }
             let ratio = w.fresh_min as f64 / floor.max(1) as f64;
-            let queue = ratio > c.tolerance && saturated;
+            let tolerance = f64::from_bits(self.tolerance.load(Ordering::Acquire));
+            let queue = ratio > tolerance && saturated;
             let seen = self.queue_seen.swap(queue, Ordering::AcqRel);
             if queue && !seen {
                 // One window's shortest latency above the floor may be chance: where
@@ -649,9 +688,10 @@ impl State {
                 let kept = (c.tolerance / ratio).max(MAX_CUT);
                 limit *= kept;
                 self.cut(at, w.fresh_min, throughput);
+                self.cut_ratio.store(ratio.to_bits(), Ordering::Release);
                 self.cut_kept.store(kept.to_bits(), Ordering::Release);
                 self.slow_start.store(false, Ordering::Release);
-            } else if ratio > c.tolerance {
+            } else if ratio > tolerance {
                 // A queue this client's limit does not bind: not this client's to cut.
             } else if saturated && (run >= PROBE_AFTER || faster) {
                 // Calls have waited at the limit for a while with the latency within
@@ -968,6 +1008,41 @@ mod tests {
                 shed * 1000 <= served,
                 "seed {seed}: {shed} shed, {served} served"
             );
+        }
+    }
+
+    #[test]
+    fn without_a_latency_floor_an_overload_is_served_at_capacity() {
+        // Each call an exponential draw of mean 10 ms: a window's shortest call is far
+        // above the floor by chance, and fewer calls in flight make it longer still.
+        // Read as a queue, the spread cut the limit below the workers (at 64 workers it
+        // served a fifth of the capacity); the cuts that cost as much throughput as they
+        // took calls are undone, and the spread learnt.
+        for workers in [8, 15, 64] {
+            for seed in 0..3 {
+                let mut sim = Sim::new(LoadLimit::default(), workers, seed);
+                sim.exponential = true;
+                let capacity = workers as f64 / 0.010;
+                sim.run(
+                    0.65 * capacity,
+                    10 * MS,
+                    Duration::from_secs(5),
+                    |_, _, _| {},
+                );
+                let served = sim.served;
+                sim.run(
+                    3.0 * capacity,
+                    10 * MS,
+                    Duration::from_secs(15),
+                    |_, _, _| {},
+                );
+                let goodput = (sim.served - served) as f64 / 10.0;
+                eprintln!("{workers} workers, seed {seed}: {goodput:.0}/s of {capacity:.0}");
+                assert!(
+                    goodput >= 0.8 * capacity,
+                    "{workers} workers, seed {seed}: {goodput:.0}/s of {capacity:.0}"
+                );
+            }
         }
     }
 }
