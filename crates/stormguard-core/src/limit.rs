@@ -1015,9 +1015,9 @@ mod tests {
     fn without_a_latency_floor_an_overload_is_served_at_capacity() {
         // Each call an exponential draw of mean 10 ms: a window's shortest call is far
         // above the floor by chance, and fewer calls in flight make it longer still.
-        // Read as a queue, the spread cut the limit below the workers (at 64 workers it
-        // served a fifth of the capacity); the cuts that cost as much throughput as they
-        // took calls are undone, and the spread learnt.
+        // Read as a queue, the spread would cut the limit below the workers (at 64
+        // workers, to a fifth of the capacity); the cuts that cost as much throughput
+        // as they took calls are undone, and the spread learnt.
         for workers in [8, 15, 64] {
             for seed in 0..3 {
                 let mut sim = Sim::new(LoadLimit::default(), workers, seed);

@@ -310,10 +310,10 @@ fn a_small_client_s_load_control_never_binds() {
 #[test]
 fn a_load_control_whose_minimum_is_the_healthy_need_serves_a_brownout() {
     // The model's service times are exponential: no latency floor, so a window's
-    // shortest latency is noise against the shortest ever seen, and the default
-    // minimum (4) lets the limit be held below what the fleet needs (the docs'
-    // simulator page). At the minimum examples/wide-latency.toml sets, the brownout's
-    // capacity goes to answers that are waited for, and the limit lets go after it.
+    // shortest latency is noise against the shortest ever seen (the docs' simulator
+    // page). At the minimum examples/wide-latency.toml sets, no cut takes the limit
+    // below what the fleet needs, the brownout's capacity goes to answers that are
+    // waited for, and the limit lets go after it.
     let text = include_str!("../../../examples/wide-latency.toml");
     let settings = stormguard_core::config::Settings::from_toml(text).expect("the file parses");
     let (name, dependency) = settings.dependencies().next().expect("a dependency");
@@ -330,4 +330,30 @@ fn a_load_control_whose_minimum_is_the_healthy_need_serves_a_brownout() {
     );
     assert!(r.success(window.1, window.1 + 1.0) >= 0.99);
     assert!(r.success(window.1, cfg.seconds) >= 0.999);
+}
+
+#[test]
+fn a_shared_load_control_at_the_defaults_serves_an_overload_at_capacity() {
+    // The model's service times are exponential: no latency floor, so a window's
+    // shortest latency reads above the floor by chance. The control undoes the cuts
+    // that cost as much throughput as they took calls and learns that spread, so that
+    // at the defaults it does not hold the fleet below what the dependency serves.
+    let cfg = loaded(1000, 60.0, 0.67, true, Scenario::Overload(3.0));
+    let (start, end) = (cfg.timeline.start, cfg.timeline.end());
+    let capacity = cfg.capacity() * (end - start);
+    let r = must(run(&cfg, &strategy("standard")));
+    let goodput = r.goodput(start, end) / capacity;
+    assert!(goodput >= 0.85, "goodput {goodput:.3} of the capacity");
+    assert!(r.success(end, end + 1.0) >= 0.99);
+    // Its brownout likewise: the capacity goes to answers that are waited for.
+    let cfg = loaded(1000, 60.0, 0.67, true, Scenario::Brownout(0.5));
+    let r = must(run(&cfg, &strategy("standard")));
+    let none = must(run(&cfg, &strategy("none")));
+    assert!(
+        r.success(start, end) > none.success(start, end) + 0.2,
+        "{:.3} against {:.3}",
+        r.success(start, end),
+        none.success(start, end)
+    );
+    assert!(r.success(end, end + 1.0) >= 0.99);
 }
