@@ -403,6 +403,7 @@ impl fmt::Debug for LoadLimit {
             .field("limit", &self.limit())
             .field("in_flight", &self.in_flight())
             .field("floor", &self.floor())
+            .field("tolerance", &self.tolerance())
             .finish_non_exhaustive()
     }
 }
@@ -457,6 +458,13 @@ impl LoadLimit {
     /// The calls in flight now.
     pub fn in_flight(&self) -> u32 {
         self.state.in_flight.load(Ordering::Acquire)
+    }
+
+    /// How far above the floor a window's shortest latency reads as a queue now: the
+    /// configured tolerance, or the spread of the dependency's own latencies once a cut
+    /// has shown it larger (see the [module docs](self)).
+    pub fn tolerance(&self) -> f64 {
+        f64::from_bits(self.state.tolerance.load(Ordering::Acquire))
     }
 
     /// The latency floor, once a call has been served.
@@ -960,6 +968,13 @@ mod tests {
                     floor >= service && floor <= service.mul_f64(1.25),
                     "{floor:?}"
                 );
+                // A latency with a floor has no spread to learn: a cut that the
+                // throughput showed wrong was the dependency getting slower.
+                assert_eq!(
+                    sim.limit.tolerance(),
+                    DEFAULT_TOLERANCE,
+                    "seed {seed} phase {i}"
+                );
                 let served = sim.served;
                 let mut limits = Vec::new();
                 sim.run(rate, service, to, |_, limit, _| {
@@ -1037,7 +1052,12 @@ mod tests {
                     |_, _, _| {},
                 );
                 let goodput = (sim.served - served) as f64 / 10.0;
-                eprintln!("{workers} workers, seed {seed}: {goodput:.0}/s of {capacity:.0}");
+                let tolerance = sim.limit.tolerance();
+                eprintln!(
+                    "{workers} workers, seed {seed}: {goodput:.0}/s of {capacity:.0}, \
+                     tolerance {tolerance:.2}"
+                );
+                assert!(tolerance > DEFAULT_TOLERANCE && tolerance <= MAX_TOLERANCE);
                 assert!(
                     goodput >= 0.8 * capacity,
                     "{workers} workers, seed {seed}: {goodput:.0}/s of {capacity:.0}"
