@@ -693,7 +693,7 @@ impl State {
                 floor = w.fresh_min;
                 self.slow_start.store(true, Ordering::Release);
             } else if queue {
-                let kept = (c.tolerance / ratio).max(MAX_CUT);
+                let kept = (tolerance / ratio).max(MAX_CUT);
                 limit *= kept;
                 self.cut(at, w.fresh_min, throughput);
                 self.cut_ratio.store(ratio.to_bits(), Ordering::Release);
