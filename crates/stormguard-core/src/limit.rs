@@ -527,12 +527,16 @@ impl LimitPermit {
         match load {
             Load::Served => {
                 state.served.fetch_add(1, Ordering::Relaxed);
-                if self.sent >= state.cut_at.load(Ordering::Acquire)
-                    && state.fresh.fetch_add(1, Ordering::AcqRel) < SAMPLED
-                {
-                    state
-                        .fresh_min
-                        .fetch_min(at.saturating_sub(self.sent).max(1), Ordering::Relaxed);
+                if self.sent >= state.cut_at.load(Ordering::Acquire) {
+                    // The shortest of the window's first calls; written before the count
+                    // that publishes it, so that a window that counts a fresh call has
+                    // its sample (under a race, a few more than `SAMPLED` may sample).
+                    if state.fresh.load(Ordering::Relaxed) < SAMPLED {
+                        state
+                            .fresh_min
+                            .fetch_min(at.saturating_sub(self.sent).max(1), Ordering::Relaxed);
+                    }
+                    state.fresh.fetch_add(1, Ordering::Release);
                 }
             }
             Load::Overloaded => {
