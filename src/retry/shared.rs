@@ -98,9 +98,6 @@ pub(super) struct Shared {
 }
 
 impl Shared {
-    /// Records a request's first send at `now` (counted, paid into the budget), and
-    /// says whether a copy is worth keeping: not for a request marked [`NoRetry`],
-    /// which is sent once whatever happens.
     /// What the policy's decisions at `now` are made with: the shared budget,
     /// throttle and gate, the request's `deadline`; no seed for the request's random
     /// stream (the decision that first draws sets one).
@@ -120,6 +117,9 @@ impl Shared {
         }
     }
 
+    /// Records a request's first send at `now` (counted, paid into the budget), and
+    /// says whether a copy is worth keeping: not for a request marked [`NoRetry`],
+    /// which is sent once whatever happens.
     pub(super) fn first_send<B>(&self, req: &Request<B>, now: Instant) -> bool {
         bump(&self.counters.requests);
         #[cfg(feature = "metrics")]
