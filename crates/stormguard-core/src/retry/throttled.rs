@@ -51,9 +51,10 @@ const MILLI: u64 = 1000;
 /// throttled again), is cut by [`GATE_CUT`] by a retry throttled again (once per slot)
 /// and grows by a tenth with each one accepted: the rate the limiter accepts, found as
 /// TCP finds a path's. A gate that let nothing through for a second starts over at the
-/// next throttling answer; it opens [`ARMED_FOR`] after the last one. A retry that finds the next slot taken waits for it, its wait spread over
-/// the queue of retries waiting (so that about one asks per slot), and asks again: a
-/// rate that grows shortens every wait at once.
+/// next throttling answer; it opens [`ARMED_FOR`] after the last one. A retry that
+/// finds the next slot taken waits for it, its wait spread over the queue of retries
+/// waiting (so that about one asks per slot), and asks again: a rate that grows
+/// shortens every wait at once.
 ///
 /// Why: a rate limiter refuses the calls of a burst at one instant and asks them all
 /// to come back after the same `Retry-After`; sent back together, or at any rate above
@@ -170,9 +171,11 @@ impl ThrottlePace {
         }
     }
 
-    /// Whether the gate is armed at `at` (nanoseconds from the origin).
-    fn armed(&self, at: u64) -> bool {
-        at < self.armed_until.load(Ordering::Acquire)
+    /// The closed gate's rate at `at` (nanoseconds from the origin), in thousandths of
+    /// a call a second: `None` while it is open, or no longer armed.
+    fn closed_rate(&self, at: u64) -> Option<u64> {
+        let milli = self.rate.load(Ordering::Acquire);
+        (milli != 0 && at < self.armed_until.load(Ordering::Acquire)).then_some(milli)
     }
 
     /// Counts an answer the server accepted at `now`, while armed.
@@ -237,11 +240,8 @@ impl ThrottlePace {
 
     /// The rate the gate lets retries through at, in calls a second (`None`: open).
     pub fn rate(&self, now: Instant) -> Option<f64> {
-        let at = self.nanos(now);
-        match self.rate.load(Ordering::Acquire) {
-            milli if milli == 0 || !self.armed(at) => None,
-            milli => Some(milli as f64 / MILLI as f64),
-        }
+        self.closed_rate(self.nanos(now))
+            .map(|milli| milli as f64 / MILLI as f64)
     }
 
     /// Whether a throttled retry whose wait is over at `now` goes: at once while the
@@ -253,11 +253,10 @@ impl ThrottlePace {
     /// gate, and by [`leave`](Self::leave) if it is given up on.
     pub fn release(&self, now: Instant, until: Instant, queued: &mut bool, draw: f64) -> Gate {
         let at = self.nanos(now);
-        let milli = self.rate.load(Ordering::Acquire);
-        if milli == 0 || !self.armed(at) {
+        let Some(milli) = self.closed_rate(at) else {
             self.leave(queued);
             return Gate::Go;
-        }
+        };
         let gap = gap(milli);
         let mut next = self.next.load(Ordering::Acquire);
         while next <= at {
@@ -320,7 +319,7 @@ impl ThrottlePace {
             }
             return;
         }
-        if milli == 0 || !self.armed(at) {
+        if self.closed_rate(at).is_none() {
             let start = self.measured(at).max(u64::from(GATE_START)) * MILLI;
             if self
                 .rate
