@@ -50,10 +50,19 @@ async fn a_429_without_retry_after_waits_at_least_the_throttling_base() {
     );
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_throttled_burst_goes_back_at_the_rate_the_server_accepts() {
-    // A rate limiter admitting one call per 95 ms, no burst; the others get a 429 with
-    // `Retry-After: 1`.
+/// What one seeded run of [`a_throttled_burst_goes_back_at_the_rate_the_server_accepts`]
+/// saw of its last burst of ten.
+struct Burst {
+    served: u32,
+    refused: u32,
+    attempts: u32,
+}
+
+/// A rate limiter admitting one call per 95 ms, no burst (the others get a 429 with
+/// `Retry-After: 1`), called by one client whose jitter is drawn from `seed`: a first
+/// burst of ten, ten calls a second for a second (each accepted: the server's rate is
+/// known), and a second burst of ten, whose figures are returned.
+async fn throttled_burst(seed: u64) -> Burst {
     let next_free = Arc::new(Mutex::new(Instant::now()));
     let (attempts, refused) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
     let (a, r) = (attempts.clone(), refused.clone());
@@ -77,6 +86,7 @@ async fn a_throttled_burst_goes_back_at_the_rate_the_server_accepts() {
         .expect("budget");
     let policy = RetryPolicy::builder()
         .budget(budget)
+        .seed(seed)
         .build()
         .expect("policy");
     let client = ServiceBuilder::new()
@@ -95,7 +105,6 @@ async fn a_throttled_burst_goes_back_at_the_rate_the_server_accepts() {
         attempts.load(Ordering::SeqCst),
         refused.load(Ordering::SeqCst),
     );
-    // Ten calls a second for a second, each accepted: the server's rate is known.
     for _ in 0..10 {
         let response = client
             .clone()
@@ -115,16 +124,42 @@ async fn a_throttled_burst_goes_back_at_the_rate_the_server_accepts() {
             served += 1;
         }
     }
-    // One of the burst served at once; nine refused, each sent again, no earlier than
-    // the server asked, through the gate at the rate the server accepted lately (about
-    // one every 100 ms): every retry served. The gate probes above that rate by a
-    // tenth per retry accepted; one probe may be refused, and its own retry served.
-    assert_eq!(served, 10);
-    let refused = refused.load(Ordering::SeqCst) - refused_before;
-    assert!((9..=10).contains(&refused), "{refused}");
-    // Ten calls a second, the burst's ten, and one retry per refusal.
-    assert_eq!(
-        attempts.load(Ordering::SeqCst) - attempts_before,
-        10 + 10 + refused
-    );
+    Burst {
+        served,
+        refused: refused.load(Ordering::SeqCst) - refused_before,
+        attempts: attempts.load(Ordering::SeqCst) - attempts_before - 10,
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_throttled_burst_goes_back_at_the_rate_the_server_accepts() {
+    // One of the burst is served at once; nine are refused, each sent again no earlier
+    // than the server asked, through the gate at the rate the server accepted in the
+    // last second (about one every 100 ms). The gate probes above that rate by a tenth
+    // per retry accepted, so a probe or two may be refused, and their own retries
+    // served; a retry that finds no slot within one more `Retry-After` is not sent at
+    // all. Over 32 seeds of jitter:
+    let (runs, mut served) = (32, 0);
+    for seed in 0..runs {
+        let burst = throttled_burst(seed).await;
+        // At most two probes refused; at most one retry not sent.
+        assert!(
+            (9..=11).contains(&burst.refused),
+            "seed {seed}: {}",
+            burst.refused
+        );
+        assert!(burst.served >= 9, "seed {seed}: {}", burst.served);
+        // The burst's ten, and one retry per refusal, but for a request given up on.
+        assert_eq!(
+            burst.attempts,
+            10 + burst.refused - (10 - burst.served),
+            "seed {seed}"
+        );
+        served += burst.served;
+    }
+    // Sent back together, or at the rate of an estimate taken over the silence before
+    // the calls began (half the server's), the retries would be refused again or left
+    // unsent: all but one of the bursts' requests are served.
+    let requests = 10 * u32::try_from(runs).unwrap_or(u32::MAX);
+    assert!(served + 1 >= requests, "{served} of {requests}");
 }

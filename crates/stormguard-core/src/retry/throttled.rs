@@ -222,20 +222,22 @@ impl ThrottlePace {
         }
     }
 
-    /// The answers accepted per second as of `at`: the last whole second's and this
-    /// one's so far, over the time they span.
+    /// The answers accepted in the second up to `at`: this second's so far, and the
+    /// share of the last whole second's that falls within it (a sliding window). Not
+    /// the count over both seconds divided by their span: a rate that began within the
+    /// last second would be averaged with the silence before it and read as half.
     fn measured(&self, at: u64) -> u64 {
         let (second, into) = (at / SECOND, (at % SECOND) as f64 / SECOND as f64);
         let word = self.current.load(Ordering::Acquire);
         let (counted, count) = (word >> 32, word & 0xFFFF_FFFF);
-        let seen = if counted == second {
-            self.last.load(Ordering::Acquire) + count
+        let (last, current) = if counted == second {
+            (self.last.load(Ordering::Acquire), count)
         } else if counted + 1 == second {
-            count
+            (count, 0)
         } else {
-            0
+            (0, 0)
         };
-        (seen as f64 / (1.0 + into)) as u64
+        (last as f64 * (1.0 - into) + current as f64).round() as u64
     }
 
     /// The rate the gate lets retries through at, in calls a second (`None`: open).
@@ -405,6 +407,20 @@ mod tests {
         let t1 = t0 + ms(1_000);
         pace.answered(t1, true);
         assert_eq!(pace.rate(t1), Some(40.0));
+    }
+
+    #[test]
+    fn a_rate_that_began_within_the_last_second_is_read_at_its_rate() {
+        let (pace, t0) = armed();
+        // Silence, then 20 a second from 900 ms in, for a second.
+        for i in 0..20 {
+            pace.accepted(t0 + ms(900 + 50 * i));
+        }
+        let t1 = t0 + ms(1_900);
+        pace.answered(t1, true);
+        // Over the two seconds' span it would read as 10 a second.
+        let rate = pace.rate(t1).unwrap_or(0.0);
+        assert!((18.0..=20.0).contains(&rate), "{rate}");
     }
 
     #[test]
