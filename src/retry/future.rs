@@ -15,7 +15,7 @@ use tower_service::Service;
 use super::service::{Core, Proved};
 use stormguard_core::Class;
 
-use super::policy::Release;
+use super::gate::Release;
 use super::shared::plain_success;
 use super::{Handoff, RetryPolicy, Wait};
 

@@ -204,7 +204,10 @@
 //!
 //! An error is looked into when it is a [`BoxError`](crate::BoxError) or one of hyper's,
 //! hyper-util's, h2's, tonic's, `std::io`'s or tower's `Elapsed` (then its `source()`
-//! chain is walked); one of another type is not retried: `.map_err(BoxError::from)`.
+//! chain is walked), or of a type named with
+//! [`RetryPolicyBuilder::error_type`]; one of another type is not retried, and a `warn`
+//! event says so once per policy: name it, or `.map_err(BoxError::from)` (see
+//! [`crate::classify`]).
 //! Retries and give-ups are `tracing` events on target `stormguard::retry` (with the
 //! [`GiveUp`] reason), counted in [`RetryStats`] ([`RetryPolicy::stats`]); a response that
 //! took more than one attempt carries [`Attempts`].
@@ -212,6 +215,7 @@
 mod builder;
 mod deadline;
 pub mod future;
+mod gate;
 #[cfg(feature = "hyper-util")]
 mod handoff;
 mod layer;
@@ -224,9 +228,9 @@ mod wait;
 pub use crate::give_up::GiveUp;
 pub use crate::tower_budget::TowerBudget;
 pub use builder::RetryPolicyBuilder;
-pub use layer::{CloneBodies, ReplayBodies, ReplayRetry, RetryLayer};
 #[cfg(feature = "reqwest")]
-pub(crate) use policy::Release;
+pub(crate) use gate::Release;
+pub use layer::{CloneBodies, ReplayBodies, ReplayRetry, RetryLayer};
 pub use policy::RetryPolicy;
 pub(crate) use request::{is_grpc, safe_to_repeat};
 pub use service::Retry;
