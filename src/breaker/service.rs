@@ -69,8 +69,15 @@ impl<S> CircuitBreakerService<S> {
     /// end of the break or the next change.
     fn poll_admission(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         loop {
-            let now = tokio::time::Instant::now();
-            let rejected = match self.breaker.shared.breaker.check(now.into_std()) {
+            // Read only when the state needs it: a closed circuit answers without the
+            // clock, which is most of a healthy call's `poll_ready`.
+            let mut read = None;
+            let rejected = match self
+                .breaker
+                .shared
+                .breaker
+                .check_with(|| read.insert(tokio::time::Instant::now()).into_std())
+            {
                 Ok(()) => {
                     self.sleep = None;
                     self.changed = None;
@@ -90,6 +97,7 @@ impl<S> CircuitBreakerService<S> {
                 continue;
             }
             if rejected.state == CircuitState::Open {
+                let now = read.unwrap_or_else(tokio::time::Instant::now);
                 let deadline = now + rejected.remaining;
                 let sleep = match &mut self.sleep {
                     Some(sleep) => {
