@@ -635,6 +635,7 @@ impl State {
         let cut_at = self.cut_at.load(Ordering::Acquire);
         let pending = self.cut_min.load(Ordering::Acquire);
         let saturated = f64::from(w.peak) >= limit.floor();
+        let mut tolerance = f64::from_bits(self.tolerance.load(Ordering::Acquire));
         let run = if saturated {
             self.saturated_run.fetch_add(1, Ordering::AcqRel) + 1
         } else {
@@ -668,17 +669,13 @@ impl State {
                         // spread of the dependency's own latencies (no floor, as with
                         // exponential service), which a window's shortest call reads
                         // above the floor by chance. Such a ratio is not a queue.
-                        let tolerance = f64::from_bits(self.tolerance.load(Ordering::Acquire));
                         let misread = f64::from_bits(self.cut_ratio.load(Ordering::Acquire));
-                        self.tolerance.store(
-                            tolerance.max(misread).min(MAX_TOLERANCE).to_bits(),
-                            Ordering::Release,
-                        );
+                        tolerance = tolerance.max(misread).min(MAX_TOLERANCE);
+                        self.tolerance.store(tolerance.to_bits(), Ordering::Release);
                     }
                 }
             }
             let ratio = w.fresh_min as f64 / floor.max(1) as f64;
-            let tolerance = f64::from_bits(self.tolerance.load(Ordering::Acquire));
             let queue = ratio > tolerance && saturated;
             let seen = self.queue_seen.swap(queue, Ordering::AcqRel);
             if queue && !seen {
