@@ -77,7 +77,7 @@
 //!   with [`Shed`](crate::load::Shed), not retried.
 //! - **Circuit breaker**: a refused call waits out a short break (25 ms) once for the
 //!   probe; in a circuit away from Closed for less than
-//!   [`FAIL_FAST_AFTER`](crate::sans_io::breaker::FAIL_FAST_AFTER) (500 ms, a blip) it
+//!   [`FAIL_FAST_AFTER`](crate::sans_io::breaker::FAIL_FAST_AFTER) (300 ms, a blip) it
 //!   is sent again spread over up to four times the circuit's age; past that it fails
 //!   at once with [`CircuitOpen`](crate::CircuitOpen), whose `remaining()` says when the
 //!   next probe is due, so that the caller can fall back.

@@ -1,6 +1,6 @@
 //! A dependency down for 20 s, called at 200 requests a second through the standard
 //! stack (hyper-util on a `TrackedConnector`, real sockets): once the outage is more
-//! than a blip, calls fail fast, and the caller holds no more than 2.5 times the requests
+//! than a blip, calls fail fast, and the caller holds no more than twice the requests
 //! the same stack holds with a breaker that never opens.
 //!
 //! It takes about 25 s, so it is `#[ignore]`d in `cargo test`; CI runs it
@@ -176,11 +176,13 @@ async fn an_outage_fails_fast_and_holds_no_more_than_a_breaker_that_never_opens(
     );
     println!("standard stack's breaker: {:?}", standard.breaker().stats());
     assert!(ours_p99 <= Duration::from_millis(500), "{ours_p99:?}");
-    // Issue #42 asks for 1.5 times; measured 1.6 to 2.1 times (the requests of the
-    // outage's first half second, ridden out as a blip would be, up to two seconds).
-    // This bound keeps the order of magnitude (0.2 held 1,127, 18 times as many).
+    // Issue #42 asks for 1.5 times. Every request made before the circuit has been open
+    // for `FAIL_FAST_AFTER` (300 ms) is ridden out as a blip's would be, until about
+    // then: ten runs held 79 to 96 against 49 to 67, 1.29 to 1.69 times (the reference's
+    // own peak moves by a third run to run). The bound is what the runs leave room for;
+    // 0.2 held 1,127, 18 times as many, and a 500 ms horizon twice as many.
     assert!(
-        ours.peak_in_flight * 2 <= reference.peak_in_flight * 5,
+        ours.peak_in_flight <= reference.peak_in_flight * 2,
         "{} vs {}",
         ours.peak_in_flight,
         reference.peak_in_flight
