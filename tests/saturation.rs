@@ -50,7 +50,18 @@ struct Run {
     backend_rate: f64,
     /// Shed by the load control.
     shed: u32,
+    /// Refused by an open circuit (`CircuitOpen`): a cold client's first calls time out
+    /// in a row and open it for a moment.
+    refused: u32,
     latencies: Vec<Duration>,
+}
+
+/// How a request ended.
+enum Ending {
+    Served(Duration),
+    Shed,
+    Refused,
+    Failed,
 }
 
 async fn run(stack: StandardStack) -> Result<Run, BoxError> {
@@ -89,25 +100,32 @@ async fn run(stack: StandardStack) -> Result<Run, BoxError> {
             let request = Request::get(uri).body(Full::default()).expect("request");
             match service.oneshot(request).await {
                 Ok(response) if response.status() == StatusCode::OK => {
-                    let ok = response.into_body().collect().await.is_ok();
-                    Ok(ok.then(|| began.elapsed()))
+                    match response.into_body().collect().await {
+                        Ok(_) => Ending::Served(began.elapsed()),
+                        Err(_) => Ending::Failed,
+                    }
                 }
-                Ok(_) => Ok(None),
-                Err(err) => Err(err.downcast_ref::<stormguard::Shed>().is_some()),
+                Ok(_) => Ending::Failed,
+                Err(err) if err.downcast_ref::<stormguard::Shed>().is_some() => Ending::Shed,
+                Err(err) if err.downcast_ref::<stormguard::CircuitOpen>().is_some() => {
+                    Ending::Refused
+                }
+                Err(_) => Ending::Failed,
             }
         });
     }
     let backend_rate = f64::from(answered.load(Ordering::SeqCst) - answered_at_start)
         / start.elapsed().as_secs_f64();
-    let (mut served, mut shed, mut latencies) = (0, 0, Vec::new());
+    let (mut served, mut shed, mut refused, mut latencies) = (0, 0, 0, Vec::new());
     while let Some(done) = requests.join_next().await {
         match done? {
-            Ok(Some(took)) => {
+            Ending::Served(took) => {
                 served += 1;
                 latencies.push(took);
             }
-            Ok(None) | Err(false) => {}
-            Err(true) => shed += 1,
+            Ending::Shed => shed += 1,
+            Ending::Refused => refused += 1,
+            Ending::Failed => {}
         }
     }
     latencies.sort_unstable();
@@ -115,6 +133,7 @@ async fn run(stack: StandardStack) -> Result<Run, BoxError> {
         served,
         backend_rate,
         shed,
+        refused,
         latencies,
     })
 }
@@ -154,12 +173,13 @@ async fn a_saturated_server_serves_its_capacity_through_the_standard_stack() -> 
     let goodput = |run: &Run| f64::from(run.served) / window / capacity;
     for (name, run) in [("no load control", &without), ("standard stack", &with)] {
         println!(
-            "{name:16} served {:5} of {} ({:.1}% of capacity {capacity:.0}/s), shed {:5}, \
+            "{name:16} served {:5} of {} ({:.1}% of capacity {capacity:.0}/s), shed {:5}, refused {:4}, \
              backend {:.0} answers/s, served p50 {:?} p99 {:?}",
             run.served,
             (window * f64::from(OFFERED)) as u32,
             100.0 * goodput(run),
             run.shed,
+            run.refused,
             run.backend_rate,
             percentile(&run.latencies, 50),
             percentile(&run.latencies, 99),
@@ -169,6 +189,7 @@ async fn a_saturated_server_serves_its_capacity_through_the_standard_stack() -> 
         "standard stack's load control: {:?}",
         standard.load().stats()
     );
+    println!("standard stack's breaker: {:?}", standard.breaker().stats());
     assert!(goodput(&without) < 0.5, "{}", goodput(&without));
     assert!(goodput(&with) >= 0.8, "{}", goodput(&with));
     Ok(())
