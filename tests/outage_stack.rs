@@ -180,7 +180,7 @@ async fn an_outage_fails_fast_and_holds_no_more_than_a_breaker_that_never_opens(
     // for `FAIL_FAST_AFTER` (300 ms) is ridden out as a blip's would be, until about
     // then: ten runs held 79 to 96 against 49 to 67, 1.29 to 1.69 times (the reference's
     // own peak moves by a third run to run). The bound is what the runs leave room for;
-    // 0.2 held 1,127, 18 times as many, and a 500 ms horizon twice as many.
+    // 0.2 held 1,127, 18 times as many.
     assert!(
         ours.peak_in_flight <= reference.peak_in_flight * 2,
         "{} vs {}",

@@ -261,9 +261,8 @@ pub struct Rejected {
 /// waiting is what holds a caller's requests, memory and connections for as long as the
 /// outage lasts, which is how an outage climbs a call chain. Every call made before the
 /// horizon is held until about then, so the caller's peak in an outage is about its rate
-/// times the time to open plus the horizon: 300 ms holds about 1.3–1.7 times what the
-/// same stack holds with a breaker that never opens, where 500 ms held twice as much
-/// (`tests/outage_stack.rs`). linkerd fails fast after 3 s; Polly's and resilience4j's
+/// times the time to open plus the horizon: about 1.3–1.7 times what the same stack holds
+/// with a breaker that never opens (`tests/outage_stack.rs`). linkerd fails fast after 3 s; Polly's and resilience4j's
 /// breakers at once. The caller can fall back at once: `CircuitOpen::remaining` says
 /// when the next probe is due.
 pub const FAIL_FAST_AFTER: Duration = Duration::from_millis(300);
