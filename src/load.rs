@@ -9,7 +9,10 @@
 //! timeouts and overload answers ([`sans_io::limit`](crate::sans_io::limit) has the
 //! rules and why); a call past the limit waits for room, up to
 //! [`max_wait`](LoadControlBuilder::max_wait) (100 ms), and is then **shed**: never
-//! sent, failed with [`Shed`], which the retry layer does not retry.
+//! sent, failed with [`Shed`], which the retry layer does not retry. Until the limit is
+//! first cut it is a guess, doubling while calls wait at it, and a call past it waits
+//! for room however long that takes (a new client's burst to a healthy dependency is
+//! not shed): see [`LoadLimit::learning`](crate::sans_io::limit::LoadLimit::learning).
 //!
 //! It reads these signals:
 //!
@@ -436,7 +439,8 @@ impl Waiter {
         }
     }
 
-    /// A place once one is given back, or the call shed once `max_wait` is over.
+    /// A place once one is given back, or the call shed once `max_wait` is over (and
+    /// the limit is no longer learning).
     fn poll_place(&mut self, cx: &mut Context<'_>) -> Poll<Result<Place, Shed>> {
         loop {
             let full = match self.control.limit.try_acquire(now()) {
@@ -448,6 +452,14 @@ impl Waiter {
                 continue;
             }
             ready!(self.deadline.as_mut().poll(cx));
+            if self.control.limit.learning() {
+                // Held back by a guess, not by the dependency: wait on for room.
+                let wait = self.control.limit.config().max_wait();
+                self.deadline
+                    .as_mut()
+                    .reset(tokio::time::Instant::now() + wait);
+                continue;
+            }
             return Poll::Ready(Err(self.control.shed(full)));
         }
     }

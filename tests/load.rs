@@ -35,6 +35,7 @@ fn control(max_wait: Duration) -> LoadControl {
     LoadControl::builder()
         .min(1)
         .initial(1)
+        .max(1)
         .max_wait(max_wait)
         .build()
         .expect("valid")
@@ -131,4 +132,98 @@ async fn a_caller_that_gives_up_gives_its_place_back() {
         .await
         .expect("room again");
     assert_eq!(response.status(), 200);
+}
+
+/// A dependency answering every call after `latency`, counting the calls it gets.
+fn slow(
+    calls: Arc<AtomicU32>,
+    latency: Duration,
+) -> impl tower::Service<
+    Request<String>,
+    Response = Response<String>,
+    Error = BoxError,
+    Future = impl Send,
+> + Clone {
+    service_fn(move |_: Request<String>| {
+        let calls = calls.clone();
+        async move {
+            calls.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(latency).await;
+            Ok::<_, BoxError>(Response::new(String::new()))
+        }
+    })
+}
+
+/// Sends `n` calls at once through `stack`, and counts those served.
+async fn burst<S>(stack: S, n: u32) -> u32
+where
+    S: tower::Service<Request<String>, Response = Response<String>, Error = BoxError>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send,
+{
+    let mut calls = tokio::task::JoinSet::new();
+    for _ in 0..n {
+        calls.spawn(stack.clone().oneshot(Request::new(String::new())));
+    }
+    let mut served = 0;
+    while let Some(call) = calls.join_next().await {
+        served += u32::from(call.expect("joined").is_ok());
+    }
+    served
+}
+
+/// A new client's burst of 1000 calls at once (ten times the limit it starts at) to a
+/// healthy dependency answering in 50 ms, half the wait for room: the limit is a
+/// guess still learning, so the calls past it wait for it to grow, and not one is
+/// shed. Once an overload answer has taught the limit, a call past it is shed at
+/// `max_wait` again.
+#[tokio::test(start_paused = true)]
+async fn a_new_clients_burst_to_a_healthy_dependency_is_not_shed() {
+    let calls = Arc::new(AtomicU32::new(0));
+    let control = LoadControl::builder().build().expect("the defaults");
+    assert!(control.limit().learning());
+    let client = ServiceBuilder::new()
+        .layer(LoadControlLayer::new(control.clone()))
+        .service(slow(calls.clone(), Duration::from_millis(50)));
+    let started = tokio::time::Instant::now();
+    assert_eq!(burst(client, 1000).await, 1000);
+    assert_eq!(calls.load(Ordering::SeqCst), 1000);
+    let stats = control.stats();
+    assert_eq!((stats.shed, stats.in_flight), (0, 0));
+    assert!(stats.waited >= 900, "{stats:?}");
+    // The limit doubled while the calls waited: six round trips, not one per call.
+    assert!(
+        started.elapsed() <= Duration::from_millis(500),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(control.limit().learning());
+
+    // Overload answers, every call of a window: the limit is cut, and learnt.
+    let overloaded = ServiceBuilder::new()
+        .layer(LoadControlLayer::new(control.clone()))
+        .service(service_fn(|_: Request<String>| async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let mut response = Response::new(String::new());
+            *response.status_mut() = http::StatusCode::TOO_MANY_REQUESTS;
+            Ok::<_, BoxError>(response)
+        }));
+    let limit = control.stats().limit;
+    // Bursts a window apart (four latency floors): the first ends the burst's window,
+    // the next have windows of their own, all overload answers.
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        burst(overloaded.clone(), 8).await;
+    }
+    assert!(!control.limit().learning());
+    assert!(control.stats().limit < limit, "{:?}", control.stats());
+    // The same burst now meets a limit that binds: what waits past `max_wait` is shed.
+    let client = ServiceBuilder::new()
+        .layer(LoadControlLayer::new(control.clone()))
+        .service(slow(calls.clone(), Duration::from_millis(200)));
+    let served = burst(client, 1000).await;
+    assert!(served < 1000, "{served}");
+    assert_eq!(control.stats().shed, u64::from(1000 - served));
 }

@@ -59,6 +59,12 @@
 //!   the first cut it doubles while calls wait at it (a slow start, as TCP's), so that
 //!   a new client with a burst is not held back by a limit it has not yet learnt.
 //!
+//! Until its first cut the limit is a guess ([`LoadLimit::learning`]), and a call past
+//! it waits for room without being shed: a new client's burst to a healthy dependency
+//! slower than the wait for room (a thousand calls at once, answered in 50 ms) would
+//! otherwise be shed while the limit doubles towards it, though nothing but the guess
+//! held it back. The first queue or overload answer ends the guess.
+//!
 //! The floor is the shortest latency seen in two windows in a row (not one lucky call's),
 //! until a cut shows the dependency slower.
 //!
@@ -467,6 +473,29 @@ impl LoadLimit {
         f64::from_bits(self.state.tolerance.load(Ordering::Acquire))
     }
 
+    /// Whether the limit is still a guess: it has never been cut (neither a queue nor an
+    /// overload answer has been seen) and it is below `max`, so it grows while calls
+    /// wait at it (the slow start). A call past a limit still learning waits for room
+    /// and is not shed at `max_wait`: what holds it back is the guess, not the
+    /// dependency. See the [module docs](self).
+    ///
+    /// ```
+    /// use std::time::Instant;
+    /// use stormguard_core::limit::LoadLimit;
+    ///
+    /// let limit = LoadLimit::builder().build()?;
+    /// assert!(limit.learning());
+    /// // A limit that cannot grow is not a guess that will.
+    /// let fixed = LoadLimit::builder().min(1).initial(1).max(1).build()?;
+    /// assert!(!fixed.learning());
+    /// # Ok::<(), stormguard_core::ConfigError>(())
+    /// ```
+    pub fn learning(&self) -> bool {
+        let state = &self.state;
+        state.cut_at.load(Ordering::Acquire) == 0
+            && state.limit.load(Ordering::Acquire) < state.config.max
+    }
+
     /// The latency floor, once a call has been served.
     pub fn floor(&self) -> Option<Duration> {
         match self.state.floor.load(Ordering::Acquire) {
@@ -865,6 +894,7 @@ mod tests {
             }
         }
         assert_eq!(limit.limit(), 40);
+        assert!(limit.learning(), "5xx teach the limit nothing");
         // Overload answers (429s, timeouts): cut by a quarter per window, to the minimum.
         for _ in 0..200 {
             let permits: Vec<_> = (0..40).filter_map(|_| limit.try_acquire(at).ok()).collect();
@@ -874,6 +904,7 @@ mod tests {
             }
         }
         assert_eq!(limit.limit(), DEFAULT_MIN);
+        assert!(!limit.learning(), "cut: the limit is learnt");
     }
 
     #[test]

@@ -28,9 +28,10 @@
 //!
 //! A strategy with a load control (`standard`) gives each client state a
 //! `stormguard_core::limit::LoadLimit`, consulted before the breaker as in the standard
-//! stack. An attempt past the limit waits for room up to the limit's `max_wait`; a place
-//! given back goes to the newest waiter (LIFO); a wait that runs out sheds the attempt,
-//! which is never sent and ends its request (the retry machine's `Attempt::Shed`). A
+//! stack. An attempt past the limit waits for room up to the limit's `max_wait` (on and
+//! on while the limit is learning, as the layer's does); a place given back goes to the
+//! newest waiter (LIFO); a wait that runs out sheds the attempt, which is never sent and
+//! ends its request (the retry machine's `Attempt::Shed`). A
 //! served answer is the limit's sample, a timeout its overload signal, a 5xx neither.
 //!
 //! # Memory
@@ -564,9 +565,19 @@ impl Fleet {
         if r.waiting != token {
             return;
         }
-        r.waiting = 0;
         let client = r.client;
         let i = self.index(client);
+        if let Some(limit) = self.clients[i]
+            .load
+            .as_ref()
+            .filter(|limit| limit.learning())
+        {
+            // Held back by a limit still learning, not by the dependency: it waits on.
+            let wait = limit.config().max_wait().as_nanos() as u64;
+            self.push(self.now + wait, Kind::WaitOver(req, token));
+            return;
+        }
+        self.requests[req as usize].waiting = 0;
         if let Some(at) = self.waiters[i].iter().rposition(|&w| w == req) {
             self.waiters[i].remove(at);
         }
