@@ -227,3 +227,37 @@ async fn a_new_clients_burst_to_a_healthy_dependency_is_not_shed() {
     assert!(served < 1000, "{served}");
     assert_eq!(control.stats().shed, u64::from(1000 - served));
 }
+
+/// A limit cut to its minimum in an incident lets go once the dependency has room: a
+/// client calling once every 50 ms afterwards never needs more than its minimum, yet
+/// a burst of 500 calls five seconds later is not shed.
+#[tokio::test(start_paused = true)]
+async fn a_limit_learnt_in_an_incident_lets_go_once_it_is_over() {
+    let control = LoadControl::builder().build().expect("the defaults");
+    let answering = |status: http::StatusCode| {
+        ServiceBuilder::new()
+            .layer(LoadControlLayer::new(control.clone()))
+            .service(service_fn(move |_: Request<String>| async move {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                let mut response = Response::new(String::new());
+                *response.status_mut() = status;
+                Ok::<_, BoxError>(response)
+            }))
+    };
+    let overloaded = answering(http::StatusCode::TOO_MANY_REQUESTS);
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        burst(overloaded.clone(), 8).await;
+    }
+    assert_eq!(control.stats().limit, 4);
+    assert!(!control.limit().learning());
+    let healthy = answering(http::StatusCode::OK);
+    for _ in 0..100 {
+        tokio::spawn(healthy.clone().oneshot(Request::new(String::new())));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(control.limit().learning(), "{:?}", control.stats());
+    assert_eq!(burst(healthy, 500).await, 500);
+    assert_eq!(control.stats().shed, 0);
+}

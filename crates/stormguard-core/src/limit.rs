@@ -59,11 +59,19 @@
 //!   the first cut it doubles while calls wait at it (a slow start, as TCP's), so that
 //!   a new client with a burst is not held back by a limit it has not yet learnt.
 //!
-//! Until its first cut the limit is a guess ([`LoadLimit::learning`]), and a call past
-//! it waits for room without being shed: a new client's burst to a healthy dependency
-//! slower than the wait for room (a thousand calls at once, answered in 50 ms) would
-//! otherwise be shed while the limit doubles towards it, though nothing but the guess
-//! held it back. The first queue or overload answer ends the guess.
+//! - **Letting go**: after 25 windows in a row that held nothing back (no call waited
+//!   at the limit) and saw no queue nor overload, a limit that was cut is a new
+//!   client's guess again: no lower than its initial limit, doubling while calls wait
+//!   at it. A limit learnt in an incident since over would otherwise shed the demand
+//!   that grew meanwhile (a client calling once every 50 ms after an overload keeps a
+//!   limit of 4; a burst of 500 calls would lose 488).
+//!
+//! Until its first cut, and again once it has let go, the limit is a guess
+//! ([`LoadLimit::learning`]), and a call past it waits for room without being shed: a
+//! new client's burst to a healthy dependency slower than the wait for room (a
+//! thousand calls at once, answered in 50 ms) would otherwise be shed while the limit
+//! doubles towards it, though nothing but the guess held it back. The first queue or
+//! overload answer ends the guess.
 //!
 //! The floor is the shortest latency seen in two windows in a row (not one lucky call's),
 //! until a cut shows the dependency slower.
@@ -124,6 +132,9 @@ const DROPS_PER_CUT: u32 = 20;
 /// After this many windows in a row with calls waiting at the limit, the limit is
 /// halved for a round trip to see the latency floor again.
 const PROBE_AFTER: u32 = 25;
+/// After this many windows in a row that held nothing back and saw no queue nor
+/// overload, a limit that was cut lets go: it is a guess again.
+const LET_GO_AFTER: u32 = 25;
 /// A latency cut keeps at least this share of the limit.
 const MAX_CUT: f64 = 0.25;
 /// The cut after overload answers or timeouts.
@@ -248,6 +259,8 @@ struct State {
     cut_kept: AtomicU64,
     /// Windows in a row whose calls waited at the limit.
     saturated_run: AtomicU32,
+    /// Windows in a row that held nothing back and saw no queue nor overload.
+    calm_run: AtomicU32,
     /// Whether the limit doubles while calls wait at it (until the first latency cut).
     slow_start: AtomicBool,
     /// The limit (thousandths) a probe halved, until the probe's calls come back.
@@ -441,6 +454,7 @@ impl LoadLimit {
                 cut_throughput: AtomicU64::new(0),
                 cut_kept: AtomicU64::new(0),
                 saturated_run: AtomicU32::new(0),
+                calm_run: AtomicU32::new(0),
                 slow_start: AtomicBool::new(true),
                 probe_restore: AtomicU64::new(0),
                 queue_seen: AtomicBool::new(false),
@@ -473,9 +487,9 @@ impl LoadLimit {
         f64::from_bits(self.state.tolerance.load(Ordering::Acquire))
     }
 
-    /// Whether the limit is still a guess: it has never been cut (neither a queue nor an
-    /// overload answer has been seen) and it is below `max`, so it grows while calls
-    /// wait at it (the slow start). A call past a limit still learning waits for room
+    /// Whether the limit is a guess: it has not been cut (neither a queue nor an
+    /// overload answer seen) since it started or last let go, and it is below `max`,
+    /// so it grows while calls wait at it (the slow start). A call past a limit still learning waits for room
     /// and is not shed at `max_wait`: what holds it back is the guess, not the
     /// dependency. See the [module docs](self).
     ///
@@ -671,11 +685,14 @@ impl State {
             self.saturated_run.store(0, Ordering::Release);
             0
         };
+        // Whether the window held nothing back and saw no sign of load.
+        let mut calm = !saturated && w.dropped == 0;
         if w.dropped > 0 && w.dropped * DROPS_PER_CUT >= calls {
             limit *= DROP_CUT;
             self.cut(at, 0, 0.0);
         } else if w.fresh > 0 && pending != 0 && at < cut_at.saturating_add(pending) {
             // Calls sent before the cut may still be coming back: no verdict yet.
+            calm = false;
         } else if w.fresh > 0 {
             let restore = self.probe_restore.swap(0, Ordering::AcqRel);
             if restore != 0 {
@@ -705,6 +722,7 @@ impl State {
                 }
             }
             let ratio = w.fresh_min as f64 / floor.max(1) as f64;
+            calm &= ratio <= tolerance && restore == 0;
             let queue = ratio > tolerance && saturated;
             let seen = self.queue_seen.swap(queue, Ordering::AcqRel);
             if queue && !seen {
@@ -748,6 +766,24 @@ impl State {
             } else if f64::from(w.peak) * 2.0 >= limit {
                 limit += limit.sqrt();
             }
+        }
+        let calm_run = if calm {
+            self.calm_run.fetch_add(1, Ordering::AcqRel) + 1
+        } else {
+            self.calm_run.store(0, Ordering::Release);
+            0
+        };
+        if calm_run >= LET_GO_AFTER && self.cut_at.load(Ordering::Acquire) != 0 {
+            // Nothing held back, no queue, no overload for a while since the last cut:
+            // the dependency has room again, and what the cut taught is stale. The limit
+            // is a new client's guess again (no lower than its initial limit), so that
+            // demand that has grown meanwhile is not shed by a limit learnt in an
+            // incident since over.
+            limit = limit.max(f64::from(c.initial));
+            self.cut_at.store(0, Ordering::Release);
+            self.cut_min.store(0, Ordering::Release);
+            self.slow_start.store(true, Ordering::Release);
+            self.calm_run.store(0, Ordering::Release);
         }
         let limit = limit.clamp(f64::from(c.min), f64::from(c.max));
         self.floor.store(floor, Ordering::Release);
@@ -905,6 +941,39 @@ mod tests {
         }
         assert_eq!(limit.limit(), DEFAULT_MIN);
         assert!(!limit.learning(), "cut: the limit is learnt");
+    }
+
+    #[test]
+    fn a_limit_cut_in_an_incident_lets_go_once_calm() {
+        let t0 = Instant::now();
+        let limit = LoadLimit::builder().build().expect("valid");
+        let mut at = t0;
+        // Overload answers cut the limit to its minimum: it is learnt.
+        for _ in 0..100 {
+            let permits: Vec<_> = (0..8).filter_map(|_| limit.try_acquire(at).ok()).collect();
+            at += 10 * MS;
+            for permit in permits {
+                permit.complete(Load::Overloaded, at);
+            }
+        }
+        assert_eq!(limit.limit(), DEFAULT_MIN);
+        assert!(!limit.learning());
+        // Then one call at a time, served at the floor: nothing waits, no queue. Not
+        // before 25 such windows does the limit let go.
+        let mut windows_to_let_go = None;
+        for round in 0..400 {
+            let permit = limit.try_acquire(at).expect("room for one");
+            at += 10 * MS;
+            permit.complete(Load::Served, at);
+            if limit.learning() {
+                windows_to_let_go = Some(round);
+                break;
+            }
+        }
+        // Windows of four floors (40 ms), four calls each at one call per 10 ms.
+        let round = windows_to_let_go.expect("lets go");
+        assert!((25 * 4..=27 * 4).contains(&round), "{round}");
+        assert_eq!(limit.limit(), DEFAULT_INITIAL);
     }
 
     #[test]
