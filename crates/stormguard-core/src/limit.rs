@@ -487,9 +487,9 @@ impl LoadLimit {
         f64::from_bits(self.state.tolerance.load(Ordering::Acquire))
     }
 
-    /// Whether the limit is a guess: it has not been cut (neither a queue nor an
-    /// overload answer seen) since it started or last let go, and it is below `max`,
-    /// so it grows while calls wait at it (the slow start). A call past a limit still learning waits for room
+    /// Whether the limit is a guess: it has not been cut (by a queue or overload
+    /// answers) since it started or last let go, its last window read no queue, and it
+    /// is below `max`, so it grows while calls wait at it (the slow start). A call past a limit still learning waits for room
     /// and is not shed at `max_wait`: what holds it back is the guess, not the
     /// dependency. See the [module docs](self).
     ///
@@ -507,6 +507,7 @@ impl LoadLimit {
     pub fn learning(&self) -> bool {
         let state = &self.state;
         state.cut_at.load(Ordering::Acquire) == 0
+            && !state.queue_seen.load(Ordering::Acquire)
             && state.limit.load(Ordering::Acquire) < state.config.max
     }
 
