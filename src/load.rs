@@ -9,10 +9,11 @@
 //! timeouts and overload answers ([`sans_io::limit`](crate::sans_io::limit) has the
 //! rules and why); a call past the limit waits for room, up to
 //! [`max_wait`](LoadControlBuilder::max_wait) (100 ms), and is then **shed**: never
-//! sent, failed with [`Shed`], which the retry layer does not retry. Until the limit is
-//! first cut it is a guess, doubling while calls wait at it, and a call past it waits
-//! for room however long that takes (a new client's burst to a healthy dependency is
-//! not shed): see [`LoadLimit::learning`](crate::sans_io::limit::LoadLimit::learning).
+//! sent, failed with [`Shed`], which the retry layer does not retry. While the limit is
+//! still a guess (a new client's, or one that has let go after an incident), doubling
+//! while calls wait at it, a call past it waits longer, up to sixteen of the
+//! dependency's latency floors, so that a burst to a healthy dependency is not shed:
+//! see [`LoadLimit::wait_for_room`](crate::sans_io::limit::LoadLimit::wait_for_room).
 //!
 //! It reads these signals:
 //!
@@ -189,8 +190,8 @@ impl LoadControl {
         }
     }
 
-    /// A place for one call, after a wait for room of up to `max_wait`, or the call
-    /// shed: the reqwest middleware's way in (the tower service's future drives the
+    /// A place for one call, after a wait for room (up to `max_wait`, longer while the
+    /// limit is still a guess), or the call shed: the reqwest middleware's way in (the tower service's future drives the
     /// same [`Waiter`]).
     #[cfg(feature = "reqwest")]
     pub(crate) async fn enter(&self) -> Result<Place, Shed> {
@@ -302,7 +303,8 @@ impl<S> Layer<S> for LoadControlLayer {
 }
 
 /// The service made by [`LoadControlLayer`]: sends a call when the limit has room,
-/// waits for room up to the control's `max_wait`, and sheds it otherwise.
+/// waits for room up to the control's `max_wait` (longer while its limit is still a
+/// guess), and sheds it otherwise.
 ///
 /// # Clone
 ///
@@ -425,6 +427,8 @@ struct Waiter {
     control: LoadControl,
     room: Pin<Box<OwnedNotified>>,
     deadline: Pin<Box<Sleep>>,
+    /// When the call was first refused.
+    since: tokio::time::Instant,
 }
 
 impl Waiter {
@@ -435,12 +439,14 @@ impl Waiter {
         Waiter {
             room: registered(&control.shared.room),
             deadline: Box::pin(tokio::time::sleep(control.limit.config().max_wait())),
+            since: tokio::time::Instant::now(),
             control,
         }
     }
 
-    /// A place once one is given back, or the call shed once `max_wait` is over (and
-    /// the limit is no longer learning).
+    /// A place once one is given back, or the call shed once it has waited as long as
+    /// the limit allows ([`LoadLimit::wait_for_room`](limit::LoadLimit::wait_for_room),
+    /// asked again at each `max_wait`).
     fn poll_place(&mut self, cx: &mut Context<'_>) -> Poll<Result<Place, Shed>> {
         loop {
             let full = match self.control.limit.try_acquire(now()) {
@@ -452,12 +458,16 @@ impl Waiter {
                 continue;
             }
             ready!(self.deadline.as_mut().poll(cx));
-            if self.control.limit.learning() {
-                // Held back by a guess, not by the dependency: wait on for room.
-                let wait = self.control.limit.config().max_wait();
+            let now = tokio::time::Instant::now();
+            let allowed = self.control.limit.wait_for_room();
+            let waited = now.saturating_duration_since(self.since);
+            if waited < allowed {
+                // Held back by a limit still learning, not by the dependency: wait on,
+                // and ask again after another `max_wait` at most.
+                let step = (allowed - waited).min(self.control.limit.config().max_wait());
                 self.deadline
                     .as_mut()
-                    .reset(tokio::time::Instant::now() + wait);
+                    .reset(now.checked_add(step).unwrap_or(now));
                 continue;
             }
             return Poll::Ready(Err(self.control.shed(full)));

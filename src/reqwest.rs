@@ -42,9 +42,10 @@
 //!   `Idempotency-Key` or the [`Idempotent`] extension), `Retry-After`, the deadline,
 //!   the budget, and transparent retries of requests reqwest reports as never sent;
 //! - the load control, when given, keeps the attempts in flight within its adaptive
-//!   limit: an attempt past it waits for room up to its `max_wait` (until the limit's
-//!   first cut, as long as room takes), then fails unsent and is not retried (the caller's error is a
-//!   `reqwest_middleware::Error::Middleware` holding a [`Shed`]);
+//!   limit: an attempt past it waits for room up to its `max_wait` (longer while the
+//!   limit is still a guess: `LoadLimit::wait_for_room`), then fails unsent and is
+//!   not retried (the caller's error is a `reqwest_middleware::Error::Middleware`
+//!   holding a [`Shed`]);
 //! - the breaker, when given, counts every attempt and refuses while open (the
 //!   caller's error is then a `reqwest_middleware::Error::Middleware` holding a
 //!   [`CircuitOpen`]);
@@ -136,10 +137,9 @@ impl StormguardMiddleware {
     }
 
     /// Keeps the attempts in flight within `control`'s limit, as the standard stack
-    /// does: an attempt past it waits for room, up to the control's `max_wait` (until
-    /// the limit's first cut, as long as room takes), and is then shed, never sent and
-    /// not retried. Share one control (by `Clone`) among the
-    /// clients of one dependency.
+    /// does: an attempt past it waits for room, up to the control's `max_wait` (longer
+    /// while its limit is still a guess), and is then shed, never sent and not retried.
+    /// Share one control (by `Clone`) among the clients of one dependency.
     pub fn with_load_control(mut self, control: LoadControl) -> Self {
         self.load = Some(control);
         self

@@ -74,11 +74,12 @@
 //!   one more for a slot of the gate of throttled retries: three of the server's waits
 //!   at most, after which the 429 is handed back.
 //! - **Load control**: up to 100 ms waiting for room (`max_wait`), then the call fails
-//!   with [`Shed`](crate::load::Shed), not retried. Until the limit is first cut (a
-//!   queue or an overload answer seen), and again once it has let go after an
-//!   incident, it is a guess, and a call past it waits until the limit, doubling while
-//!   calls wait, makes room: a new client's burst of a thousand calls to a dependency
-//!   answering in 50 ms waits up to about six of its round trips.
+//!   with [`Shed`](crate::load::Shed), not retried. While the limit is still a guess (a
+//!   new client's, or one that has let go after an incident), up to sixteen of the
+//!   dependency's latency floors, or 2 s before its first answer
+//!   ([`LoadLimit::wait_for_room`](crate::sans_io::limit::LoadLimit::wait_for_room)):
+//!   a new client's burst of a thousand calls to a dependency answering in 50 ms is
+//!   served within about six of its round trips.
 //! - **Circuit breaker**: a refused call waits out a short break (25 ms) once for the
 //!   probe; in a circuit away from Closed for less than
 //!   [`FAIL_FAST_AFTER`](crate::sans_io::breaker::FAIL_FAST_AFTER) (300 ms, a blip) it

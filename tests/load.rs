@@ -230,7 +230,7 @@ async fn a_new_clients_burst_to_a_healthy_dependency_is_not_shed() {
 
 /// A limit cut to its minimum in an incident lets go once the dependency has room: a
 /// client calling once every 50 ms afterwards never needs more than its minimum, yet
-/// a burst of 500 calls five seconds later is not shed.
+/// a burst of 500 calls eight seconds later is not shed.
 #[tokio::test(start_paused = true)]
 async fn a_limit_learnt_in_an_incident_lets_go_once_it_is_over() {
     let control = LoadControl::builder().build().expect("the defaults");
@@ -249,10 +249,11 @@ async fn a_limit_learnt_in_an_incident_lets_go_once_it_is_over() {
         tokio::time::sleep(Duration::from_millis(250)).await;
         burst(overloaded.clone(), 8).await;
     }
-    assert_eq!(control.stats().limit, 4);
+    assert!(control.stats().limit < 100, "{:?}", control.stats());
     assert!(!control.limit().learning());
     let healthy = answering(http::StatusCode::OK);
-    for _ in 0..100 {
+    // 160 calls, 40 windows of four floors: 25 calm ones in a row let go.
+    for _ in 0..160 {
         tokio::spawn(healthy.clone().oneshot(Request::new(String::new())));
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

@@ -59,19 +59,21 @@
 //!   the first cut it doubles while calls wait at it (a slow start, as TCP's), so that
 //!   a new client with a burst is not held back by a limit it has not yet learnt.
 //!
-//! - **Letting go**: after 25 windows in a row that held nothing back (no call waited
-//!   at the limit) and saw no queue nor overload, a limit that was cut is a new
-//!   client's guess again: no lower than its initial limit, doubling while calls wait
-//!   at it. A limit learnt in an incident since over would otherwise shed the demand
-//!   that grew meanwhile (a client calling once every 50 ms after an overload keeps a
-//!   limit of 4; a burst of 500 calls would lose 488).
+//! - **Letting go**: after 25 windows in a row that measured calls served with room to
+//!   spare (none waited at the limit) and saw no queue nor overload, a limit that a
+//!   queue or overload answers cut is a new client's guess again: no lower than its
+//!   initial limit, doubling while calls wait at it. Otherwise a limit learnt in an
+//!   incident since over would shed the demand that grew meanwhile (a client calling
+//!   once every 50 ms after an overload never uses more than 4 calls in flight, so its
+//!   limit would stay at 4 before a burst of 500).
 //!
-//! Until its first cut, and again once it has let go, the limit is a guess
-//! ([`LoadLimit::learning`]), and a call past it waits for room without being shed: a
-//! new client's burst to a healthy dependency slower than the wait for room (a
-//! thousand calls at once, answered in 50 ms) would otherwise be shed while the limit
-//! doubles towards it, though nothing but the guess held it back. The first queue or
-//! overload answer ends the guess.
+//! While the limit is a guess (until the first cut by a queue or overload answers, and
+//! again once it has let go: [`LoadLimit::learning`]), a call past it waits for room
+//! longer than `max_wait` ([`LoadLimit::wait_for_room`]: sixteen latency floors, the
+//! time the limit takes to double four times): a new client's burst to a healthy
+//! dependency slower than the wait for room (a thousand calls at once, answered in
+//! 50 ms) would otherwise be shed while the limit doubles towards it, though nothing
+//! but the guess held it back. A window that reads a queue, or a cut, ends the guess.
 //!
 //! The floor is the shortest latency seen in two windows in a row (not one lucky call's),
 //! until a cut shows the dependency slower.
@@ -132,6 +134,10 @@ const DROPS_PER_CUT: u32 = 20;
 /// After this many windows in a row with calls waiting at the limit, the limit is
 /// halved for a round trip to see the latency floor again.
 const PROBE_AFTER: u32 = 25;
+/// How many latency floors a call past a limit still learning may wait for room.
+const LEARNING_FLOORS: u32 = 16;
+/// How long a call past a limit still learning may wait while nothing has been served.
+const FIRST_ANSWERS_WAIT: Duration = Duration::from_secs(2);
 /// After this many windows in a row that held nothing back and saw no queue nor
 /// overload, a limit that was cut lets go: it is a guess again.
 const LET_GO_AFTER: u32 = 25;
@@ -261,6 +267,9 @@ struct State {
     saturated_run: AtomicU32,
     /// Windows in a row that held nothing back and saw no queue nor overload.
     calm_run: AtomicU32,
+    /// Whether a queue or overload answers have cut the limit since it started or last
+    /// let go (a probe's halving teaches nothing).
+    learnt: AtomicBool,
     /// Whether the limit doubles while calls wait at it (until the first latency cut).
     slow_start: AtomicBool,
     /// The limit (thousandths) a probe halved, until the probe's calls come back.
@@ -319,7 +328,8 @@ impl LoadLimitConfig {
         self.tolerance
     }
 
-    /// How long a call may wait for room before it is shed.
+    /// How long a call may wait for room before it is shed (longer while the limit is
+    /// learning: [`LoadLimit::wait_for_room`]).
     pub fn max_wait(&self) -> Duration {
         self.max_wait
     }
@@ -363,8 +373,9 @@ impl LoadLimitBuilder {
         self
     }
 
-    /// How long a call may wait for room before it is shed \[100 ms\]; zero sheds at
-    /// once. The tower layer waits at most this long.
+    /// How long a call may wait for room before it is shed \[100 ms\], once the limit
+    /// has learnt the dependency (before, see [`LoadLimit::wait_for_room`]); zero sheds
+    /// at once.
     pub fn max_wait(mut self, wait: Duration) -> Self {
         self.config.max_wait = wait;
         self
@@ -455,6 +466,7 @@ impl LoadLimit {
                 cut_kept: AtomicU64::new(0),
                 saturated_run: AtomicU32::new(0),
                 calm_run: AtomicU32::new(0),
+                learnt: AtomicBool::new(false),
                 slow_start: AtomicBool::new(true),
                 probe_restore: AtomicU64::new(0),
                 queue_seen: AtomicBool::new(false),
@@ -487,14 +499,12 @@ impl LoadLimit {
         f64::from_bits(self.state.tolerance.load(Ordering::Acquire))
     }
 
-    /// Whether the limit is a guess: it has not been cut (by a queue or overload
-    /// answers) since it started or last let go, its last window read no queue, and it
-    /// is below `max`, so it grows while calls wait at it (the slow start). A call past a limit still learning waits for room
-    /// and is not shed at `max_wait`: what holds it back is the guess, not the
-    /// dependency. See the [module docs](self).
+    /// Whether the limit is a guess: it has not been cut by a queue or overload
+    /// answers since it started or last let go, its last window read no queue, and it
+    /// is below `max`, so it grows while calls wait at it (the slow start). See
+    /// [`wait_for_room`](Self::wait_for_room) and the [module docs](self).
     ///
     /// ```
-    /// use std::time::Instant;
     /// use stormguard_core::limit::LoadLimit;
     ///
     /// let limit = LoadLimit::builder().build()?;
@@ -506,9 +516,39 @@ impl LoadLimit {
     /// ```
     pub fn learning(&self) -> bool {
         let state = &self.state;
-        state.cut_at.load(Ordering::Acquire) == 0
+        !state.learnt.load(Ordering::Acquire)
             && !state.queue_seen.load(Ordering::Acquire)
             && state.limit.load(Ordering::Acquire) < state.config.max
+    }
+
+    /// How long in all a call past the limit may wait for room, counted from its first
+    /// refusal, before it is shed: `max_wait`; while the limit is
+    /// [learning](Self::learning), up to sixteen latency floors (four sampling windows,
+    /// in which the limit doubles four times while calls wait), or two seconds while no
+    /// call has been served yet, if that is longer. What holds such a call back is the
+    /// guess, not the dependency. A `max_wait` of zero is never waited.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use stormguard_core::limit::LoadLimit;
+    ///
+    /// let limit = LoadLimit::builder().max_wait(Duration::from_millis(100)).build()?;
+    /// // Nothing served yet: a new client's burst may wait for its first answers.
+    /// assert_eq!(limit.wait_for_room(), Duration::from_secs(2));
+    /// let fixed = LoadLimit::builder().min(1).initial(1).max(1).build()?;
+    /// assert_eq!(fixed.wait_for_room(), fixed.config().max_wait());
+    /// # Ok::<(), stormguard_core::ConfigError>(())
+    /// ```
+    pub fn wait_for_room(&self) -> Duration {
+        let max_wait = self.state.config.max_wait;
+        if max_wait.is_zero() || !self.learning() {
+            return max_wait;
+        }
+        let learning = match self.state.floor.load(Ordering::Acquire) {
+            UNKNOWN => FIRST_ANSWERS_WAIT,
+            nanos => Duration::from_nanos(nanos).saturating_mul(LEARNING_FLOORS),
+        };
+        max_wait.max(learning)
     }
 
     /// The latency floor, once a call has been served.
@@ -687,10 +727,13 @@ impl State {
             0
         };
         // Whether the window held nothing back and saw no sign of load.
-        let mut calm = !saturated && w.dropped == 0;
+        // A window that measured nothing (only 5xx, refusals, or calls sent before a cut)
+        // shows no room either.
+        let mut calm = !saturated && w.dropped == 0 && w.fresh > 0;
         if w.dropped > 0 && w.dropped * DROPS_PER_CUT >= calls {
             limit *= DROP_CUT;
             self.cut(at, 0, 0.0);
+            self.learnt.store(true, Ordering::Release);
         } else if w.fresh > 0 && pending != 0 && at < cut_at.saturating_add(pending) {
             // Calls sent before the cut may still be coming back: no verdict yet.
             calm = false;
@@ -745,6 +788,7 @@ impl State {
                 let kept = (tolerance / ratio).max(MAX_CUT);
                 limit *= kept;
                 self.cut(at, w.fresh_min, throughput);
+                self.learnt.store(true, Ordering::Release);
                 self.cut_ratio.store(ratio.to_bits(), Ordering::Release);
                 self.cut_kept.store(kept.to_bits(), Ordering::Release);
                 self.slow_start.store(false, Ordering::Release);
@@ -774,7 +818,7 @@ impl State {
             self.calm_run.store(0, Ordering::Release);
             0
         };
-        if calm_run >= LET_GO_AFTER && self.cut_at.load(Ordering::Acquire) != 0 {
+        if calm_run >= LET_GO_AFTER && self.learnt.load(Ordering::Acquire) {
             // Nothing held back, no queue, no overload for a while since the last cut:
             // the dependency has room again, and what the cut taught is stale. The limit
             // is a new client's guess again (no lower than its initial limit), so that
@@ -784,6 +828,7 @@ impl State {
             self.cut_at.store(0, Ordering::Release);
             self.cut_min.store(0, Ordering::Release);
             self.slow_start.store(true, Ordering::Release);
+            self.learnt.store(false, Ordering::Release);
             self.calm_run.store(0, Ordering::Release);
         }
         let limit = limit.clamp(f64::from(c.min), f64::from(c.max));
@@ -975,6 +1020,36 @@ mod tests {
         let round = windows_to_let_go.expect("lets go");
         assert!((25 * 4..=27 * 4).contains(&round), "{round}");
         assert_eq!(limit.limit(), DEFAULT_INITIAL);
+    }
+
+    #[test]
+    fn windows_that_measure_nothing_or_wait_do_not_let_go() {
+        let t0 = Instant::now();
+        let limit = LoadLimit::builder().build().expect("valid");
+        let mut at = t0;
+        let mut round = |limit: &LoadLimit, calls: u32, took: Duration, load: Load| {
+            let permits: Vec<_> = (0..calls)
+                .filter_map(|_| limit.try_acquire(at).ok())
+                .collect();
+            at += took;
+            for permit in permits {
+                permit.complete(load, at);
+            }
+        };
+        for _ in 0..100 {
+            round(&limit, 8, 10 * MS, Load::Overloaded);
+        }
+        assert!(!limit.learning());
+        // A long outage of fast 5xx: windows of a second, none served.
+        for _ in 0..200 {
+            round(&limit, 2, 250 * MS, Load::Unrelated);
+        }
+        assert!(!limit.learning(), "5xx show no room");
+        // Calls waiting at the limit (all its places taken, every window): no room.
+        for _ in 0..400 {
+            round(&limit, 1000, 10 * MS, Load::Served);
+        }
+        assert!(!limit.learning(), "{limit:?}");
     }
 
     #[test]

@@ -28,9 +28,9 @@
 //!
 //! A strategy with a load control (`standard`) gives each client state a
 //! `stormguard_core::limit::LoadLimit`, consulted before the breaker as in the standard
-//! stack. An attempt past the limit waits for room up to the limit's `max_wait` (on and
-//! on while the limit is learning, as the layer's does); a place given back goes to the
-//! newest waiter (LIFO); a wait that runs out sheds the attempt, which is never sent and
+//! stack. An attempt past the limit waits for room as long as the limit's
+//! `wait_for_room` allows (its `max_wait`, longer while it is learning), as the layer's
+//! does; a place given back goes to the newest waiter (LIFO); a wait that runs out sheds the attempt, which is never sent and
 //! ends its request (the retry machine's `Attempt::Shed`). A
 //! served answer is the limit's sample, a timeout its overload signal, a 5xx neither.
 //!
@@ -299,6 +299,8 @@ struct Request {
     live: bool,
     /// The token of its wait for room under the load control (0: not waiting).
     waiting: u64,
+    /// When that wait began (virtual nanoseconds).
+    wait_since: u64,
 }
 
 #[derive(Debug)]
@@ -528,6 +530,7 @@ impl Fleet {
         } else {
             self.waits += 1;
             self.requests[req as usize].waiting = self.waits;
+            self.requests[req as usize].wait_since = self.now;
             self.waiters[i].push(req);
             self.push(
                 self.now + wait.as_nanos() as u64,
@@ -565,17 +568,18 @@ impl Fleet {
         if r.waiting != token {
             return;
         }
-        let client = r.client;
+        let (client, since) = (r.client, r.wait_since);
         let i = self.index(client);
-        if let Some(limit) = self.clients[i]
-            .load
-            .as_ref()
-            .filter(|limit| limit.learning())
-        {
-            // Held back by a limit still learning, not by the dependency: it waits on.
-            let wait = limit.config().max_wait().as_nanos() as u64;
-            self.push(self.now + wait, Kind::WaitOver(req, token));
-            return;
+        if let Some(limit) = &self.clients[i].load {
+            // Held back by a limit still learning, not by the dependency: it waits on,
+            // asking again after another `max_wait` at most.
+            let allowed = limit.wait_for_room().as_nanos() as u64;
+            let waited = self.now.saturating_sub(since);
+            if waited < allowed {
+                let step = (allowed - waited).min(limit.config().max_wait().as_nanos() as u64);
+                self.push(self.now + step, Kind::WaitOver(req, token));
+                return;
+            }
         }
         self.requests[req as usize].waiting = 0;
         if let Some(at) = self.waiters[i].iter().rposition(|&w| w == req) {
@@ -612,6 +616,7 @@ impl Fleet {
             retry: RequestRetry::new(),
             live: true,
             waiting: 0,
+            wait_since: 0,
         };
         let id = match self.free_requests.pop() {
             Some(id) => {

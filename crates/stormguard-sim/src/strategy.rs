@@ -181,7 +181,8 @@ impl Strategy {
     ///
     /// `standard` is the standard stack's retry wing: its load control limits each
     /// client's (or, `--shared`, the fleet's) attempts in flight; an attempt past the
-    /// limit waits for room up to the limit's `max_wait`, newest first, then is shed
+    /// limit waits for room as long as the limit's `wait_for_room` allows (its
+    /// `max_wait`, longer while the limit is learning), newest first, then is shed
     /// (never sent, not retried).
     pub fn named(name: &str, attempts: u32) -> Option<Strategy> {
         let full = BackoffKind::Core(Backoff::default());
