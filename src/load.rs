@@ -191,8 +191,8 @@ impl LoadControl {
     }
 
     /// A place for one call, after a wait for room (up to `max_wait`, longer while the
-    /// limit is still a guess), or the call shed: the reqwest middleware's way in (the tower service's future drives the
-    /// same [`Waiter`]).
+    /// limit is still a guess), or the call shed: the reqwest middleware's way in (the
+    /// tower service's future drives the same [`Waiter`]).
     #[cfg(feature = "reqwest")]
     pub(crate) async fn enter(&self) -> Result<Place, Shed> {
         match self.admit() {
@@ -427,7 +427,7 @@ struct Waiter {
     control: LoadControl,
     room: Pin<Box<OwnedNotified>>,
     deadline: Pin<Box<Sleep>>,
-    /// When the call was first refused.
+    /// When the call was first refused: its first deadline less `max_wait`.
     since: tokio::time::Instant,
 }
 
@@ -436,10 +436,13 @@ impl Waiter {
         control.shared.waited.fetch_add(1, Ordering::Relaxed);
         control.shared.waiting.fetch_add(1, Ordering::SeqCst);
         fence(Ordering::SeqCst);
+        let max_wait = control.limit.config().max_wait();
+        let deadline = Box::pin(tokio::time::sleep(max_wait));
+        let since = deadline.deadline().checked_sub(max_wait);
         Waiter {
             room: registered(&control.shared.room),
-            deadline: Box::pin(tokio::time::sleep(control.limit.config().max_wait())),
-            since: tokio::time::Instant::now(),
+            since: since.unwrap_or_else(|| deadline.deadline()),
+            deadline,
             control,
         }
     }
@@ -458,19 +461,16 @@ impl Waiter {
                 continue;
             }
             ready!(self.deadline.as_mut().poll(cx));
-            let now = tokio::time::Instant::now();
-            let allowed = self.control.limit.wait_for_room();
-            let waited = now.saturating_duration_since(self.since);
-            if waited < allowed {
-                // Held back by a limit still learning, not by the dependency: wait on,
-                // and ask again after another `max_wait` at most.
-                let step = (allowed - waited).min(self.control.limit.config().max_wait());
-                self.deadline
+            let due = self.deadline.deadline();
+            let waited = due.saturating_duration_since(self.since);
+            match self.control.limit.wait_for_room(waited) {
+                // Held back by a limit still learning, not by the dependency.
+                Some(more) => self
+                    .deadline
                     .as_mut()
-                    .reset(now.checked_add(step).unwrap_or(now));
-                continue;
+                    .reset(due.checked_add(more).unwrap_or(due)),
+                None => return Poll::Ready(Err(self.control.shed(full))),
             }
-            return Poll::Ready(Err(self.control.shed(full)));
         }
     }
 }

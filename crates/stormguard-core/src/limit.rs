@@ -521,8 +521,10 @@ impl LoadLimit {
             && state.limit.load(Ordering::Acquire) < state.config.max
     }
 
-    /// How long in all a call past the limit may wait for room, counted from its first
-    /// refusal, before it is shed: `max_wait`; while the limit is
+    /// Whether a call past the limit that has waited `waited` for room waits on: how
+    /// much longer before it asks again (at most `max_wait`), or `None` to shed it.
+    ///
+    /// A call waits for room up to `max_wait` in all; while the limit is
     /// [learning](Self::learning), up to sixteen latency floors (four sampling windows,
     /// in which the limit doubles four times while calls wait), or two seconds while no
     /// call has been served yet, if that is longer. What holds such a call back is the
@@ -532,23 +534,30 @@ impl LoadLimit {
     /// use std::time::Duration;
     /// use stormguard_core::limit::LoadLimit;
     ///
-    /// let limit = LoadLimit::builder().max_wait(Duration::from_millis(100)).build()?;
-    /// // Nothing served yet: a new client's burst may wait for its first answers.
-    /// assert_eq!(limit.wait_for_room(), Duration::from_secs(2));
+    /// const MS: Duration = Duration::from_millis(1);
+    /// let limit = LoadLimit::builder().max_wait(100 * MS).build()?;
+    /// // Nothing served yet: a new client's burst waits for its first answers, 2 s.
+    /// assert_eq!(limit.wait_for_room(100 * MS), Some(100 * MS));
+    /// assert_eq!(limit.wait_for_room(1950 * MS), Some(50 * MS));
+    /// assert_eq!(limit.wait_for_room(2000 * MS), None);
+    /// // A limit that cannot grow holds calls `max_wait` at most.
     /// let fixed = LoadLimit::builder().min(1).initial(1).max(1).build()?;
-    /// assert_eq!(fixed.wait_for_room(), fixed.config().max_wait());
+    /// assert_eq!(fixed.wait_for_room(50 * MS), Some(50 * MS));
+    /// assert_eq!(fixed.wait_for_room(100 * MS), None);
     /// # Ok::<(), stormguard_core::ConfigError>(())
     /// ```
-    pub fn wait_for_room(&self) -> Duration {
+    pub fn wait_for_room(&self, waited: Duration) -> Option<Duration> {
         let max_wait = self.state.config.max_wait;
-        if max_wait.is_zero() || !self.learning() {
-            return max_wait;
-        }
-        let learning = match self.state.floor.load(Ordering::Acquire) {
-            UNKNOWN => FIRST_ANSWERS_WAIT,
-            nanos => Duration::from_nanos(nanos).saturating_mul(LEARNING_FLOORS),
+        let allowed = if max_wait.is_zero() || !self.learning() {
+            max_wait
+        } else {
+            match self.state.floor.load(Ordering::Acquire) {
+                UNKNOWN => FIRST_ANSWERS_WAIT,
+                nanos => Duration::from_nanos(nanos).saturating_mul(LEARNING_FLOORS),
+            }
+            .max(max_wait)
         };
-        max_wait.max(learning)
+        (waited < allowed).then(|| (allowed - waited).min(max_wait))
     }
 
     /// The latency floor, once a call has been served.
@@ -824,9 +833,8 @@ impl State {
             // is a new client's guess again (no lower than its initial limit), so that
             // demand that has grown meanwhile is not shed by a limit learnt in an
             // incident since over.
+            // (A calm window has no cut's verdict pending: `cut_min` is clear.)
             limit = limit.max(f64::from(c.initial));
-            self.cut_at.store(0, Ordering::Release);
-            self.cut_min.store(0, Ordering::Release);
             self.slow_start.store(true, Ordering::Release);
             self.learnt.store(false, Ordering::Release);
             self.calm_run.store(0, Ordering::Release);
@@ -962,28 +970,31 @@ mod tests {
         }
     }
 
+    /// Up to `calls` calls sent at `at` (as many as the limit admits), all ending with
+    /// `load` after `took`, which `at` moves on by.
+    fn round(limit: &LoadLimit, at: &mut Instant, calls: u32, took: Duration, load: Load) {
+        let permits: Vec<_> = (0..calls)
+            .filter_map(|_| limit.try_acquire(*at).ok())
+            .collect();
+        *at += took;
+        for permit in permits {
+            permit.complete(load, *at);
+        }
+    }
+
     #[test]
     fn overload_answers_cut_the_limit_and_5xx_do_not() {
-        let t0 = Instant::now();
         let limit = LoadLimit::builder().initial(40).build().expect("valid");
-        let mut at = t0;
+        let mut at = Instant::now();
         // A second of fast 503s at the limit: not load, the limit stays.
         for _ in 0..200 {
-            let permits: Vec<_> = (0..40).filter_map(|_| limit.try_acquire(at).ok()).collect();
-            at += 5 * MS;
-            for permit in permits {
-                permit.complete(Load::Unrelated, at);
-            }
+            round(&limit, &mut at, 40, 5 * MS, Load::Unrelated);
         }
         assert_eq!(limit.limit(), 40);
         assert!(limit.learning(), "5xx teach the limit nothing");
         // Overload answers (429s, timeouts): cut by a quarter per window, to the minimum.
         for _ in 0..200 {
-            let permits: Vec<_> = (0..40).filter_map(|_| limit.try_acquire(at).ok()).collect();
-            at += 5 * MS;
-            for permit in permits {
-                permit.complete(Load::Overloaded, at);
-            }
+            round(&limit, &mut at, 40, 5 * MS, Load::Overloaded);
         }
         assert_eq!(limit.limit(), DEFAULT_MIN);
         assert!(!limit.learning(), "cut: the limit is learnt");
@@ -991,63 +1002,47 @@ mod tests {
 
     #[test]
     fn a_limit_cut_in_an_incident_lets_go_once_calm() {
-        let t0 = Instant::now();
         let limit = LoadLimit::builder().build().expect("valid");
-        let mut at = t0;
+        let mut at = Instant::now();
         // Overload answers cut the limit to its minimum: it is learnt.
         for _ in 0..100 {
-            let permits: Vec<_> = (0..8).filter_map(|_| limit.try_acquire(at).ok()).collect();
-            at += 10 * MS;
-            for permit in permits {
-                permit.complete(Load::Overloaded, at);
-            }
+            round(&limit, &mut at, 8, 10 * MS, Load::Overloaded);
         }
         assert_eq!(limit.limit(), DEFAULT_MIN);
         assert!(!limit.learning());
         // Then one call at a time, served at the floor: nothing waits, no queue. Not
         // before 25 such windows does the limit let go.
         let mut windows_to_let_go = None;
-        for round in 0..400 {
-            let permit = limit.try_acquire(at).expect("room for one");
-            at += 10 * MS;
-            permit.complete(Load::Served, at);
+        for call in 0..400 {
+            assert_eq!(limit.in_flight(), 0);
+            round(&limit, &mut at, 1, 10 * MS, Load::Served);
             if limit.learning() {
-                windows_to_let_go = Some(round);
+                windows_to_let_go = Some(call);
                 break;
             }
         }
         // Windows of four floors (40 ms), four calls each at one call per 10 ms.
-        let round = windows_to_let_go.expect("lets go");
-        assert!((25 * 4..=27 * 4).contains(&round), "{round}");
+        let call = windows_to_let_go.expect("lets go");
+        assert!((25 * 4..=27 * 4).contains(&call), "{call}");
         assert_eq!(limit.limit(), DEFAULT_INITIAL);
     }
 
     #[test]
     fn windows_that_measure_nothing_or_wait_do_not_let_go() {
-        let t0 = Instant::now();
         let limit = LoadLimit::builder().build().expect("valid");
-        let mut at = t0;
-        let mut round = |limit: &LoadLimit, calls: u32, took: Duration, load: Load| {
-            let permits: Vec<_> = (0..calls)
-                .filter_map(|_| limit.try_acquire(at).ok())
-                .collect();
-            at += took;
-            for permit in permits {
-                permit.complete(load, at);
-            }
-        };
+        let mut at = Instant::now();
         for _ in 0..100 {
-            round(&limit, 8, 10 * MS, Load::Overloaded);
+            round(&limit, &mut at, 8, 10 * MS, Load::Overloaded);
         }
         assert!(!limit.learning());
         // A long outage of fast 5xx: windows of a second, none served.
         for _ in 0..200 {
-            round(&limit, 2, 250 * MS, Load::Unrelated);
+            round(&limit, &mut at, 2, 250 * MS, Load::Unrelated);
         }
         assert!(!limit.learning(), "5xx show no room");
         // Calls waiting at the limit (all its places taken, every window): no room.
         for _ in 0..400 {
-            round(&limit, 1000, 10 * MS, Load::Served);
+            round(&limit, &mut at, 1000, 10 * MS, Load::Served);
         }
         assert!(!limit.learning(), "{limit:?}");
     }

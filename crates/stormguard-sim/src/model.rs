@@ -30,8 +30,9 @@
 //! `stormguard_core::limit::LoadLimit`, consulted before the breaker as in the standard
 //! stack. An attempt past the limit waits for room as long as the limit's
 //! `wait_for_room` allows (its `max_wait`, longer while it is learning), as the layer's
-//! does; a place given back goes to the newest waiter (LIFO); a wait that runs out sheds the attempt, which is never sent and
-//! ends its request (the retry machine's `Attempt::Shed`). A
+//! does; a place given back goes to the newest waiter (LIFO); a wait that runs out sheds
+//! the attempt, which is never sent and ends its request (the retry machine's
+//! `Attempt::Shed`). A
 //! served answer is the limit's sample, a timeout its overload signal, a 5xx neither.
 //!
 //! # Memory
@@ -570,16 +571,18 @@ impl Fleet {
         }
         let (client, since) = (r.client, r.wait_since);
         let i = self.index(client);
-        if let Some(limit) = &self.clients[i].load {
-            // Held back by a limit still learning, not by the dependency: it waits on,
-            // asking again after another `max_wait` at most.
-            let allowed = limit.wait_for_room().as_nanos() as u64;
-            let waited = self.now.saturating_sub(since);
-            if waited < allowed {
-                let step = (allowed - waited).min(limit.config().max_wait().as_nanos() as u64);
-                self.push(self.now + step, Kind::WaitOver(req, token));
-                return;
-            }
+        let waited = Duration::from_nanos(self.now.saturating_sub(since));
+        let more = self.clients[i]
+            .load
+            .as_ref()
+            .and_then(|limit| limit.wait_for_room(waited));
+        if let Some(more) = more {
+            // Held back by a limit still learning, not by the dependency: it waits on.
+            self.push(
+                self.now + more.as_nanos() as u64,
+                Kind::WaitOver(req, token),
+            );
+            return;
         }
         self.requests[req as usize].waiting = 0;
         if let Some(at) = self.waiters[i].iter().rposition(|&w| w == req) {
