@@ -134,10 +134,14 @@ async fn a_caller_that_gives_up_gives_its_place_back() {
     assert_eq!(response.status(), 200);
 }
 
-/// A dependency answering every call after `latency`, counting the calls it gets.
-fn slow(
+const MS: Duration = Duration::from_millis(1);
+
+/// A dependency answering every call with `status` after `latency`, counting the calls
+/// it gets.
+fn answering(
     calls: Arc<AtomicU32>,
     latency: Duration,
+    status: http::StatusCode,
 ) -> impl tower::Service<
     Request<String>,
     Response = Response<String>,
@@ -149,7 +153,9 @@ fn slow(
         async move {
             calls.fetch_add(1, Ordering::SeqCst);
             tokio::time::sleep(latency).await;
-            Ok::<_, BoxError>(Response::new(String::new()))
+            let mut response = Response::new(String::new());
+            *response.status_mut() = status;
+            Ok::<_, BoxError>(response)
         }
     })
 }
@@ -186,7 +192,7 @@ async fn a_new_clients_burst_to_a_healthy_dependency_is_not_shed() {
     assert!(control.limit().learning());
     let client = ServiceBuilder::new()
         .layer(LoadControlLayer::new(control.clone()))
-        .service(slow(calls.clone(), Duration::from_millis(50)));
+        .service(answering(calls.clone(), 50 * MS, http::StatusCode::OK));
     let started = tokio::time::Instant::now();
     assert_eq!(burst(client, 1000).await, 1000);
     assert_eq!(calls.load(Ordering::SeqCst), 1000);
@@ -194,27 +200,22 @@ async fn a_new_clients_burst_to_a_healthy_dependency_is_not_shed() {
     assert_eq!((stats.shed, stats.in_flight), (0, 0));
     assert!(stats.waited >= 900, "{stats:?}");
     // The limit doubled while the calls waited: six round trips, not one per call.
-    assert!(
-        started.elapsed() <= Duration::from_millis(500),
-        "{:?}",
-        started.elapsed()
-    );
+    assert!(started.elapsed() <= 500 * MS, "{:?}", started.elapsed());
     assert!(control.limit().learning());
 
     // Overload answers, every call of a window: the limit is cut, and learnt.
     let overloaded = ServiceBuilder::new()
         .layer(LoadControlLayer::new(control.clone()))
-        .service(service_fn(|_: Request<String>| async {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            let mut response = Response::new(String::new());
-            *response.status_mut() = http::StatusCode::TOO_MANY_REQUESTS;
-            Ok::<_, BoxError>(response)
-        }));
+        .service(answering(
+            calls.clone(),
+            50 * MS,
+            http::StatusCode::TOO_MANY_REQUESTS,
+        ));
     let limit = control.stats().limit;
     // Bursts a window apart (four latency floors): the first ends the burst's window,
     // the next have windows of their own, all overload answers.
     for _ in 0..3 {
-        tokio::time::sleep(Duration::from_millis(250)).await;
+        tokio::time::sleep(250 * MS).await;
         burst(overloaded.clone(), 8).await;
     }
     assert!(!control.limit().learning());
@@ -222,7 +223,7 @@ async fn a_new_clients_burst_to_a_healthy_dependency_is_not_shed() {
     // The same burst now meets a limit that binds: what waits past `max_wait` is shed.
     let client = ServiceBuilder::new()
         .layer(LoadControlLayer::new(control.clone()))
-        .service(slow(calls.clone(), Duration::from_millis(200)));
+        .service(answering(calls.clone(), 200 * MS, http::StatusCode::OK));
     let served = burst(client, 1000).await;
     assert!(served < 1000, "{served}");
     assert_eq!(control.stats().shed, u64::from(1000 - served));
@@ -234,30 +235,26 @@ async fn a_new_clients_burst_to_a_healthy_dependency_is_not_shed() {
 #[tokio::test(start_paused = true)]
 async fn a_limit_learnt_in_an_incident_lets_go_once_it_is_over() {
     let control = LoadControl::builder().build().expect("the defaults");
-    let answering = |status: http::StatusCode| {
+    let calls = Arc::new(AtomicU32::new(0));
+    let through = |status| {
         ServiceBuilder::new()
             .layer(LoadControlLayer::new(control.clone()))
-            .service(service_fn(move |_: Request<String>| async move {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                let mut response = Response::new(String::new());
-                *response.status_mut() = status;
-                Ok::<_, BoxError>(response)
-            }))
+            .service(answering(calls.clone(), 50 * MS, status))
     };
-    let overloaded = answering(http::StatusCode::TOO_MANY_REQUESTS);
+    let overloaded = through(http::StatusCode::TOO_MANY_REQUESTS);
     for _ in 0..10 {
-        tokio::time::sleep(Duration::from_millis(250)).await;
+        tokio::time::sleep(250 * MS).await;
         burst(overloaded.clone(), 8).await;
     }
     assert!(control.stats().limit < 100, "{:?}", control.stats());
     assert!(!control.limit().learning());
-    let healthy = answering(http::StatusCode::OK);
+    let healthy = through(http::StatusCode::OK);
     // 160 calls, 40 windows of four floors: 25 calm ones in a row let go.
     for _ in 0..160 {
         tokio::spawn(healthy.clone().oneshot(Request::new(String::new())));
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(50 * MS).await;
     }
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    tokio::time::sleep(100 * MS).await;
     assert!(control.limit().learning(), "{:?}", control.stats());
     assert_eq!(burst(healthy, 500).await, 500);
     assert_eq!(control.stats().shed, 0);
