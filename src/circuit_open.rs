@@ -15,8 +15,8 @@ use stormguard_core::breaker::CircuitState;
 /// attempt, up to as many refusals as the request has retries, a refused first call as
 /// a retry the budget admits; either is sent again spread over the circuit's age
 /// ([`open_for`](Self::open_for)). Before that, a first call refused within a break of
-/// the break's end waits for the probe's verdict once, free
-/// ([`break_duration`](Self::break_duration)). Otherwise, and for an isolated circuit, it gives up
+/// the break's end waits for the probe's verdict, free: once, and once more if it
+/// then meets that probe still deciding ([`break_duration`](Self::break_duration)). Otherwise, and for an isolated circuit, it gives up
 /// (`GiveUp::CircuitOpen`); see the [`retry` module](crate::retry#an-open-circuit-below).
 ///
 /// ```
@@ -51,8 +51,8 @@ impl CircuitOpen {
     }
 
     /// The refusing breaker's configured break (zero if not known): a first call
-    /// refused at the end of a break waits out the rest of it plus up to one of these,
-    /// once, for the probe's verdict (see [`sans_io::retry`](crate::sans_io::retry)).
+    /// refused at the end of a break waits out the rest of it plus up to one of these
+    /// for the probe's verdict (see [`sans_io::retry`](crate::sans_io::retry)).
     pub fn break_duration(&self) -> Duration {
         self.break_duration
     }

@@ -80,8 +80,8 @@
 //!   ([`LoadLimit::wait_for_room`](crate::sans_io::limit::LoadLimit::wait_for_room)):
 //!   a new client's burst of a thousand calls to a dependency answering in 50 ms is
 //!   served within about six of its round trips.
-//! - **Circuit breaker**: a refused call waits out a short break (25 ms) once for the
-//!   probe; in a circuit away from Closed for less than
+//! - **Circuit breaker**: a refused call waits out a short break (25 ms) for the
+//!   probe's verdict (once, or twice if it first meets the probe still deciding); in a circuit away from Closed for less than
 //!   [`FAIL_FAST_AFTER`](crate::sans_io::breaker::FAIL_FAST_AFTER) (300 ms, a blip) it
 //!   is sent again spread over up to four times the circuit's age; past that it fails
 //!   at once with [`CircuitOpen`](crate::CircuitOpen), whose `remaining()` says when the

@@ -252,7 +252,8 @@ pub struct Rejected {
 /// How long a circuit may be away from Closed before the calls it refuses fail at once
 /// (the fail-fast horizon): the retry layer rides out a refusal younger than this with
 /// a backlog wait (spread over up to four times the circuit's age), and fails an older
-/// one with `CircuitOpen` after at most one short wait for a break's probe.
+/// one with `CircuitOpen` after at most a short wait for a break's probe (its rest and
+/// up to two breaks).
 ///
 /// Why 300 ms: it is counted from the circuit's opening, which comes a streak of
 /// failures after the dependency's own trouble began, so a blip of up to about as long
@@ -308,8 +309,9 @@ pub(crate) fn backlog_wait(
     backoff.max(remaining.saturating_add(spread))
 }
 
-/// How long a **first** call refused at the end of a break waits, once, before it asks
-/// the circuit again, or `None` if it should not wait: the rest of the break plus a
+/// How long a **first** call refused at the end of a break waits before it asks the
+/// circuit again (the retry decision asks once, and once more for a call that then
+/// meets the probe still deciding), or `None` if it should not wait: the rest of the break plus a
 /// uniform share (`draw()`, in `[0, 1]`, drawn only if the call waits) of one
 /// `break_duration`, so that it asks again
 /// once the probe the break's end lets through has had time to decide, and a break's
@@ -324,9 +326,11 @@ pub(crate) fn backlog_wait(
 /// the incident has spent, and fail: about 2% of the first second after a 5 s outage
 /// (25 ms breaks plus a probe's round trip at 520 calls a second), and 4–10% after a
 /// brownout, whose probes take up to an attempt's timeout to decide. Waiting out one
-/// break, most are served. A call still refused after it is handled as before
-/// (retried on the budget, spread by [`backlog_wait`]), so in a long outage this only
-/// delays a fast failure by about a break.
+/// break, most are served; a call that comes back while the probe is still in flight
+/// has not had its verdict, and waits once more rather than fail a recovery's first
+/// call on the last probe of the outage. A call still refused after
+/// it is handled as before (retried on the budget, spread by [`backlog_wait`]), so in
+/// a long outage this only delays a fast failure by about a break, rarely two.
 pub(crate) fn probe_wait(
     remaining: Duration,
     break_duration: Duration,

@@ -251,8 +251,9 @@ pub struct RequestRetry {
     attempts: u32,
     /// The one transparent retry was made.
     transparent: bool,
-    /// The first call's one wait for a probe was made.
-    probe_waited: bool,
+    /// The first call's waits for a probe's verdict: one at a break's end, and one more
+    /// if it then meets the probe still deciding (see `refused`).
+    probe_waits: u8,
     /// Refusals of this request's retries waited out: at most as many as its retries.
     refusals: u8,
     /// Retries admitted by the budget and not yet settled (attempts are capped at 100).
@@ -290,7 +291,7 @@ impl RequestRetry {
 
     /// Whether the request has made no call yet.
     pub fn is_unsent(&self) -> bool {
-        self.attempts == 0 && !self.transparent && !self.probe_waited && self.refusals == 0
+        self.attempts == 0 && !self.transparent && self.probe_waits == 0 && self.refusals == 0
     }
 
     /// Counts a call that succeeded, and settles the request with the budget: its last
@@ -571,13 +572,14 @@ impl RequestRetry {
     /// waits out up to as many refusals as the request has retries, without spending an
     /// attempt or asking the budget again: its retry was admitted, and the refusal only
     /// moved it. A first call refused within a break of the break's end waits for the
-    /// probe's verdict, once and free; otherwise it waits as a retry, admitted by the
+    /// probe's verdict, free: once, and once more if it asks again while the probe is
+    /// still deciding (half-open: it has not had the verdict yet); otherwise it waits as a retry, admitted by the
     /// budget and spending an attempt (`Ok`: its wait), so that a circuit that stays
     /// open fails new requests fast once the budget is spent. The wait spreads the
     /// circuit's backlog over a span that grows with its age
     /// ([`breaker::backlog_wait`]). A circuit away from Closed for
     /// [`breaker::FAIL_FAST_AFTER`] or more is down, not blipping: its refusals fail at
-    /// once (after the one wait for a probe at a break's end), so that an outage does
+    /// once (after the wait for a probe's verdict at a break's end), so that an outage does
     /// not pile the caller's requests up behind it.
     fn refused(
         &mut self,
@@ -587,14 +589,22 @@ impl RequestRetry {
     ) -> Result<Duration, Decided> {
         let sent = self.attempts > 0;
         let breaks = matches!(refusal.state, CircuitState::Open | CircuitState::HalfOpen);
-        if !sent && !self.probe_waited && breaks {
+        // A first call waits for the verdict of the probe at a break's end; asking again
+        // while that probe is still deciding (half-open), it has not had the verdict yet,
+        // and waits once more.
+        let waits_for_probe = match self.probe_waits {
+            0 => breaks,
+            1 => refusal.state == CircuitState::HalfOpen,
+            _ => false,
+        };
+        if !sent && waits_for_probe {
             let ceiling = req.backoff.ceiling(0);
             let wait =
                 breaker::probe_wait(refusal.remaining, refusal.break_duration, ceiling, || {
                     self.streams(env, req.backoff).rng.random()
                 });
             if let Some(wait) = wait {
-                self.probe_waited = true;
+                self.probe_waits += 1;
                 return Err(self.wait_refused(env, req, wait, true));
             }
         }
@@ -913,6 +923,61 @@ mod tests {
                 give_up: Some(GiveUp::CircuitOpen)
             }
         );
+    }
+
+    #[test]
+    fn a_first_call_that_meets_the_probe_still_deciding_waits_for_its_verdict() {
+        let (now, budget) = (Instant::now(), roomy());
+        let breaks = Duration::from_millis(25);
+        // Down for 5 s: past the horizon, where a refusal fails fast.
+        let refusal = |state, remaining| Refusal {
+            remaining,
+            open_for: Duration::from_secs(5),
+            break_duration: breaks,
+            state,
+        };
+        let open = refusal(CircuitState::Open, Duration::from_millis(10));
+        let deciding = refusal(CircuitState::HalfOpen, Duration::ZERO);
+        let mut retry = RequestRetry::new();
+        let mut ask = |refusal| {
+            retry
+                .decide(
+                    &mut env(now, &budget),
+                    &request(),
+                    Attempt::Refused(Some(refusal)),
+                )
+                .decision
+        };
+        assert!(matches!(ask(open), Decision::Refused { probe: true, .. }));
+        // Back while the break's probe is in flight: it has not had the verdict yet.
+        let Decision::Refused {
+            delay,
+            attempts: 0,
+            probe: true,
+        } = ask(deciding)
+        else {
+            panic!("a call meeting the probe deciding fails before its verdict");
+        };
+        assert!(delay <= breaks, "{delay:?}");
+        // Two waits at most: a circuit still refusing fails the call.
+        let give_up = Decision::Done {
+            attempts: 1,
+            give_up: Some(GiveUp::CircuitOpen),
+        };
+        assert_eq!(ask(deciding), give_up);
+        // A call whose probe has failed (the circuit open again) fails at once.
+        let mut retry = RequestRetry::new();
+        let mut ask = |refusal| {
+            retry
+                .decide(
+                    &mut env(now, &budget),
+                    &request(),
+                    Attempt::Refused(Some(refusal)),
+                )
+                .decision
+        };
+        assert!(matches!(ask(open), Decision::Refused { probe: true, .. }));
+        assert_eq!(ask(open), give_up);
     }
 
     #[test]
