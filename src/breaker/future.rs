@@ -91,22 +91,26 @@ where
                     // Polled again after it completed: a contract violation of the caller.
                     return Poll::Ready(Err("polled after completion".into()));
                 };
-                Poll::Ready(match result {
-                    Ok(response) => match guard.breaker.classify_response(&response) {
-                        Verdict::Now(outcome) => {
-                            guard.finish(outcome);
-                            Ok(response.map(ResponseBody::plain))
-                        }
-                        Verdict::AtEnd => {
-                            Ok(response.map(|body| ResponseBody::watched(body, guard)))
-                        }
-                    },
+                let response = match result {
+                    Ok(response) => response,
                     Err(error) => {
                         let error = error.into();
                         guard.finish(guard.breaker.classify_error(&*error));
-                        Err(error)
+                        return Poll::Ready(Err(error));
                     }
-                })
+                };
+                let verdict = guard.breaker.classify_response(&response);
+                // One place the response is rebuilt around its watched body: each
+                // rebuilding is a copy of the response's head.
+                let (head, body) = response.into_parts();
+                let body = match verdict {
+                    Verdict::Now(outcome) => {
+                        guard.finish(outcome);
+                        ResponseBody::plain(body)
+                    }
+                    Verdict::AtEnd => ResponseBody::watched(body, guard),
+                };
+                Poll::Ready(Ok(Response::from_parts(head, body)))
             }
             KindProj::Rejected { error } => Poll::Ready(Err(Box::new(error.clone()))),
         }

@@ -13,10 +13,8 @@ use tower::retry::Policy;
 use tower_service::Service;
 
 use super::service::{Core, Proved};
-use stormguard_core::Class;
 
 use super::gate::Release;
-use super::shared::plain_success;
 use super::{Handoff, RetryPolicy, Wait};
 
 pin_project! {
@@ -133,6 +131,17 @@ where
             match this.state.as_mut().project() {
                 StateProj::Called { future } => {
                     let result = ready!(future.poll(cx));
+                    // A first attempt's plain success, handed back where it was polled:
+                    // the outcome is not moved through the decision (a response is
+                    // large enough that each move is a copy of its own).
+                    if this.policy.is_none() && this.handoff.is_none() && this.copy.is_some() {
+                        if let Ok(res) = &result {
+                            if this.core.first_success(res) {
+                                this.state.set(State::Deciding);
+                                return Poll::Ready(result);
+                            }
+                        }
+                    }
                     // Read while the attempt still holds its request, wherever it is.
                     let proved = match this.handoff.take() {
                         Some(handoff) => this.core.proved_unprocessed(&handoff, &result),
@@ -236,19 +245,10 @@ where
         };
         let policy = match self.policy {
             Some(policy) => policy,
-            None if result.as_ref().is_ok_and(|res| {
-                plain_success(res)
-                    && (self.core.policy.shared.classifiers)
-                        .keeps_success(res.status(), res.headers())
-            }) =>
+            None if result
+                .as_ref()
+                .is_ok_and(|res| self.core.first_success(res)) =>
             {
-                // What the policy's own fast path records, for attempt 1.
-                let shared = &self.core.policy.shared;
-                shared.record_outcome(Class::Success, true);
-                shared
-                    .pace
-                    .accepted_with(|| tokio::time::Instant::now().into_std());
-                shared.call_ended(1);
                 return Some(result);
             }
             None => self.policy.insert(Box::new(
