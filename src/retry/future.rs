@@ -131,22 +131,26 @@ where
             match this.state.as_mut().project() {
                 StateProj::Called { future } => {
                     let result = ready!(future.poll(cx));
-                    // A first attempt's plain success, handed back where it was polled:
-                    // the outcome is not moved through the decision (a response is
-                    // large enough that each move is a copy of its own).
-                    if this.policy.is_none() && this.handoff.is_none() && this.copy.is_some() {
-                        if let Ok(res) = &result {
-                            if this.core.first_success(res) {
-                                this.state.set(State::Deciding);
-                                return Poll::Ready(result);
-                            }
-                        }
-                    }
                     // Read while the attempt still holds its request, wherever it is.
                     let proved = match this.handoff.take() {
                         Some(handoff) => this.core.proved_unprocessed(&handoff, &result),
                         None => Proved::No,
                     };
+                    // A first attempt's plain success is handed back from here, not
+                    // moved through the decision: a response is large enough that each
+                    // move is a copy of its own.
+                    let shared = &this.core.policy.shared;
+                    if this.policy.is_none()
+                        && this.copy.is_some()
+                        && matches!(proved, Proved::No)
+                        && result
+                            .as_ref()
+                            .is_ok_and(|res| shared.is_plain_success(res))
+                    {
+                        shared.served_first_time();
+                        this.state.set(State::Deciding);
+                        return Poll::Ready(result);
+                    }
                     // Drop the attempt (and the request it may still hold) before the
                     // policy looks at the copy: a body the attempt never read is then
                     // handed on to the copy (see `ReplayBody`).
@@ -243,14 +247,9 @@ where
         let Some(copy) = self.copy.as_mut() else {
             return Some(result);
         };
+        // A first attempt's plain success never gets here (`poll` hands it back).
         let policy = match self.policy {
             Some(policy) => policy,
-            None if result
-                .as_ref()
-                .is_ok_and(|res| self.core.first_success(res)) =>
-            {
-                return Some(result);
-            }
             None => self.policy.insert(Box::new(
                 self.core.policy.sent_at(*self.sent, self.core.total),
             )),

@@ -17,7 +17,7 @@ use crate::give_up::GiveUp;
 use super::builder::RetryPolicyBuilder;
 use super::deadline::RequestDeadline;
 use super::request::{body_replayable, is_grpc, proved, safe_to_repeat};
-use super::shared::{plain_success, RetryStats, Shared};
+use super::shared::{RetryStats, Shared};
 use super::wait::Wait;
 use super::{Attempts, GRPC_TRANSPARENT_RETRY_ATTEMPTS};
 
@@ -229,10 +229,10 @@ where
         req: &mut Request<B>,
         result: &mut Result<Response<ResB>, E>,
     ) -> Option<Wait> {
-        if result.as_ref().is_ok_and(|res| {
-            plain_success(res)
-                && (self.shared.classifiers).keeps_success(res.status(), res.headers())
-        }) {
+        if result
+            .as_ref()
+            .is_ok_and(|res| self.shared.is_plain_success(res))
+        {
             // Nothing else about the request or the response matters.
             let now = tokio::time::Instant::now().into_std();
             let shared = &*self.shared;

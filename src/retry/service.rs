@@ -11,10 +11,8 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use super::future::ResponseFuture;
-use super::shared::plain_success;
 use super::Handoff;
 use super::RetryPolicy;
-use stormguard_core::Class;
 
 /// Retries requests by a [`RetryPolicy`]; made by [`RetryLayer::new`](super::RetryLayer).
 ///
@@ -114,29 +112,6 @@ pub(super) enum Proved {
     /// Whether it was not processed, once the connection it used has settled.
     #[cfg_attr(not(feature = "hyper-util"), allow(dead_code))]
     Later(Pin<Box<dyn Future<Output = bool> + Send>>),
-}
-
-impl<S> Core<S> {
-    /// Whether a first attempt's answer `res` is a plain success the user's classifiers
-    /// keep; if so, records what the policy's own fast path records for attempt 1 (the
-    /// request is done).
-    #[inline]
-    pub(super) fn first_success<R>(&self, res: &Response<R>) -> bool {
-        let shared = &self.policy.shared;
-        if !(plain_success(res)
-            && shared
-                .classifiers
-                .keeps_success(res.status(), res.headers()))
-        {
-            return false;
-        }
-        shared.record_outcome(Class::Success, true);
-        shared
-            .pace
-            .accepted_with(|| tokio::time::Instant::now().into_std());
-        shared.call_ended(1);
-        true
-    }
 }
 
 impl<S: Clone> Core<S> {

@@ -251,6 +251,23 @@ impl Shared {
         }
     }
 
+    /// Whether `res` is a success whatever the request, and the user's classifiers keep
+    /// it: nothing else about the request or the response matters.
+    pub(super) fn is_plain_success<B>(&self, res: &Response<B>) -> bool {
+        plain_success(res) && self.classifiers.keeps_success(res.status(), res.headers())
+    }
+
+    /// A request served by its first attempt before the layer made it a policy of its
+    /// own: what the policy records of a success at attempt 1 (the budget has nothing to
+    /// settle, nothing was withdrawn), with no clock read unless throttled retries are
+    /// being paced.
+    pub(super) fn served_first_time(&self) {
+        self.record_outcome(Class::Success, true);
+        self.pace
+            .accepted_with(|| tokio::time::Instant::now().into_std());
+        self.call_ended(1);
+    }
+
     /// A request's outcome handed back after `attempts` attempts, for the metrics.
     pub(super) fn call_ended(&self, attempts: u32) {
         #[cfg(feature = "metrics")]
@@ -268,6 +285,6 @@ fn millis(delay: Duration) -> u64 {
 
 /// Whether `res` is a success whatever the request: a 2xx without `grpc-status` is one
 /// to the gRPC rules and the HTTP rules alike.
-pub(super) fn plain_success<B>(res: &Response<B>) -> bool {
+fn plain_success<B>(res: &Response<B>) -> bool {
     res.status().is_success() && grpc_status(res.headers()).is_none()
 }
