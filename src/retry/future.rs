@@ -34,8 +34,9 @@ pin_project! {
         // The request's own policy, made at its first outcome that is not a plain
         // success (most requests never need one).
         policy: Option<Box<RetryPolicy>>,
-        // The service the request's retries go through, made at its first retry.
-        retries: Option<S>,
+        // The service the request's retries go through, made at its first retry (boxed:
+        // a stack's service can be large, and every move of the future copies it).
+        retries: Option<Box<S>>,
         // The attempt in flight's tracking, if it is tracked (`crate::connect`).
         handoff: Option<Box<Handoff>>,
         // A failed attempt's outcome, held while its connection settles whether it
@@ -207,7 +208,7 @@ where
                 }
                 StateProj::Retrying => {
                     let core = &**this.core;
-                    let retries = this.retries.get_or_insert_with(|| core.service());
+                    let retries = this.retries.get_or_insert_with(|| Box::new(core.service()));
                     ready!(retries.poll_ready(cx))?;
                     // The policy asked for a retry, which it does only with a copy.
                     let (Some(request), Some(policy)) = (this.copy.take(), this.policy.as_mut())
