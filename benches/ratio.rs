@@ -33,9 +33,14 @@ const BATCH: u32 = 2000;
 /// The least a layer with state shared between its clones can do: its service holds an
 /// `Arc`, and each call's response future holds a clone of it until the call ends. It
 /// measures what any such layer costs under a retry layer before doing any work.
+///
+/// `dated`: the least a circuit breaker with a time window can do besides: when the
+/// call ends, read the clock to date its outcome and count it with one atomic add (the
+/// breaker floor).
 #[derive(Clone, Default)]
 struct SharedStateLayer {
     shared: Arc<AtomicU64>,
+    dated: bool,
 }
 
 impl<S> Layer<S> for SharedStateLayer {
@@ -44,6 +49,7 @@ impl<S> Layer<S> for SharedStateLayer {
     fn layer(&self, inner: S) -> SharedState<S> {
         SharedState {
             shared: self.shared.clone(),
+            dated: self.dated,
             inner,
         }
     }
@@ -52,6 +58,7 @@ impl<S> Layer<S> for SharedStateLayer {
 #[derive(Clone)]
 struct SharedState<S> {
     shared: Arc<AtomicU64>,
+    dated: bool,
     inner: S,
 }
 
@@ -70,14 +77,16 @@ where
 
     fn call(&mut self, req: Req) -> Self::Future {
         Holding {
-            _shared: self.shared.clone(),
+            shared: self.shared.clone(),
+            dated: self.dated,
             future: self.inner.call(req),
         }
     }
 }
 
 struct Holding<F> {
-    _shared: Arc<AtomicU64>,
+    shared: Arc<AtomicU64>,
+    dated: bool,
     future: F,
 }
 
@@ -85,9 +94,19 @@ impl<F: Future + Unpin> Future for Holding<F> {
     type Output = F::Output;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        Pin::new(&mut self.future).poll(cx)
+        let output = std::task::ready!(Pin::new(&mut self.future).poll(cx));
+        if self.dated {
+            // The outcome's date (a bucket of a time window) and its count.
+            let at = EPOCH.get_or_init(Instant::now).elapsed().as_millis() as u64;
+            self.shared
+                .fetch_add(at | 1, std::sync::atomic::Ordering::Relaxed);
+        }
+        Poll::Ready(output)
     }
 }
+
+/// The floors' clock origin.
+static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
 
 /// Runs `BATCH` calls through a clone of the stack each (as tower makes per request),
 /// returning the mean time per call in nanoseconds.
@@ -182,6 +201,20 @@ where
                 ServiceBuilder::new()
                     .layer(RetryLayer::new(RetryPolicy::default()))
                     .layer(SharedStateLayer::default())
+                    .service(upstream()),
+                make,
+                drain,
+            ),
+        ),
+        (
+            "stormguard_retry + breaker floor",
+            batch(
+                ServiceBuilder::new()
+                    .layer(RetryLayer::new(RetryPolicy::default()))
+                    .layer(SharedStateLayer {
+                        dated: true,
+                        ..SharedStateLayer::default()
+                    })
                     .service(upstream()),
                 make,
                 drain,
