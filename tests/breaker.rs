@@ -1,6 +1,7 @@
 //! The circuit-breaker layer over a `tower_test` mock, on paused time.
 
 use std::future::poll_fn;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::Duration;
@@ -807,6 +808,38 @@ async fn a_probe_whose_call_panics_gives_its_slot_back() {
 #[tokio::test(start_paused = true)]
 async fn a_probe_whose_future_panics_gives_its_slot_back() {
     a_panicking_probe_gives_its_slot_back(false).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_transition_callback_that_panics_does_not_wedge_the_circuit() {
+    // The user's callback panics once, as the circuit goes half-open: the call that
+    // took the probe slot unwinds, and the slot comes back for the next caller.
+    let panicked = Arc::new(AtomicBool::new(false));
+    let breaker = builder()
+        .on_transition({
+            let panicked = Arc::clone(&panicked);
+            move |t| {
+                if t.to == CircuitState::HalfOpen && !panicked.swap(true, Ordering::SeqCst) {
+                    panic!("the user's callback panics");
+                }
+            }
+        })
+        .build()
+        .expect("config");
+    let (mut svc, mut handle) = service(&breaker);
+    trip(&mut svc, &mut handle, &breaker).await;
+    advance(BREAK).await;
+
+    let ready = svc.ready().await.expect("ready");
+    let call = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        ready.call(Request::new(()))
+    }));
+    assert!(call.is_err(), "the callback was to panic");
+    assert!(panicked.load(Ordering::SeqCst));
+    assert_eq!(breaker.state(), CircuitState::HalfOpen);
+    // Not wedged: the next caller gets the probe slot, and its success closes.
+    exchange(&mut svc, &mut handle, 200).await;
+    assert_eq!(breaker.state(), CircuitState::Closed);
 }
 
 #[tokio::test(start_paused = true)]

@@ -331,13 +331,18 @@ impl CircuitBreaker {
         self.shared.breaker.config()
     }
 
-    /// Asks for leave to call the inner service.
-    fn try_acquire(&self) -> Result<Permit, CircuitOpen> {
+    /// Asks for leave to call the inner service: the permit, held by a guard that
+    /// reports the call's outcome or gives the permit back.
+    fn try_acquire(&self) -> Result<future::Guard, CircuitOpen> {
         match self.shared.breaker.try_acquire_with(now) {
             Ok(permit) => {
-                self.emit(permit.transition());
+                let transition = permit.transition();
+                // Guarded before the transition is told: a callback that panics unwinds
+                // through the guard, which gives a half-open probe slot back.
+                let guard = future::Guard::new(self.clone(), permit);
                 self.shared.calls.fetch_add(1, Ordering::Relaxed);
-                Ok(permit)
+                self.emit(transition);
+                Ok(guard)
             }
             Err(rejected) => {
                 self.emit(rejected.transition);
@@ -381,7 +386,6 @@ impl CircuitBreaker {
     #[cfg(feature = "reqwest")]
     pub(crate) fn admit(&self) -> Result<future::Guard, CircuitOpen> {
         self.try_acquire()
-            .map(|permit| future::Guard::new(self.clone(), permit))
     }
 
     /// The outcome of a response, from its head (a status in trailers is read as a
@@ -407,11 +411,11 @@ impl CircuitBreaker {
             Outcome::Success | Outcome::Ignored => 0,
         };
         let transition = self.shared.breaker.record(permit, outcome, now());
-        self.emit(transition);
         if probe && transition.is_none() {
             // A slot may have freed up for a waiting caller.
             self.shared.changed.notify_waiters();
         }
+        self.emit(transition);
     }
 
     /// Gives back the permit of a call that was dropped before it finished.
@@ -515,10 +519,12 @@ impl CircuitBreaker {
                 "circuit breaker state changed"
             ),
         }
+        // Waiters hear of it first: the user's callback runs last, so that one that
+        // panics leaves nothing of the breaker's undone.
+        s.changed.notify_waiters();
         if let Some(callback) = &s.on_transition {
             callback(t);
         }
-        s.changed.notify_waiters();
     }
 }
 

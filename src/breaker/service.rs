@@ -11,7 +11,7 @@ use tower_service::Service;
 
 use crate::BoxError;
 
-use super::future::{Guard, ResponseFuture};
+use super::future::ResponseFuture;
 use super::ResponseBody;
 use super::{now, CircuitBreaker, CircuitState};
 
@@ -173,10 +173,7 @@ where
         match self.breaker.try_acquire() {
             // The guard exists before the inner call, so a `call` that panics gives
             // the permit (a half-open probe slot) back as it unwinds.
-            Ok(permit) => {
-                let guard = Guard::new(self.breaker.clone(), permit);
-                ResponseFuture::called(self.inner.call(request), guard)
-            }
+            Ok(guard) => ResponseFuture::called(self.inner.call(request), guard),
             Err(open) => ResponseFuture::rejected(open),
         }
     }
