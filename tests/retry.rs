@@ -935,3 +935,52 @@ async fn a_streaming_body_never_read_is_sent_whole_by_the_retry() {
     assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 2);
     assert_eq!(policy.stats().retries, 1);
 }
+
+/// A service whose first call answers 503 and which fails to be ready after it.
+#[derive(Clone)]
+struct BreaksAfterOneCall {
+    calls: std::sync::Arc<std::sync::atomic::AtomicU32>,
+}
+
+impl tower::Service<Request<String>> for BreaksAfterOneCall {
+    type Response = Response<String>;
+    type Error = BoxError;
+    type Future = std::future::Ready<Outcome>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), BoxError>> {
+        if self.calls.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+            std::task::Poll::Ready(Err("the service broke".into()))
+        } else {
+            std::task::Poll::Ready(Ok(()))
+        }
+    }
+
+    fn call(&mut self, _: Request<String>) -> Self::Future {
+        self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        std::future::ready(Ok(status(503)))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_whose_service_fails_to_be_ready_ends_with_its_error_and_sends_nothing_more() {
+    use std::future::Future;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use tower::Service;
+
+    let calls = std::sync::Arc::new(AtomicU32::new(0));
+    let mut svc = RetryLayer::new(policy().build().expect("policy")).layer(BreaksAfterOneCall {
+        calls: std::sync::Arc::clone(&calls),
+    });
+    let mut future = Box::pin(svc.ready().await.expect("ready").call(get()));
+    let error = (&mut future).await.expect_err("the retry's service failed");
+    assert_eq!(error.to_string(), "the service broke");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    // Polled again after it completed (the caller breaks the contract): it stays
+    // pending, and nothing more is sent.
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    assert!(future.as_mut().poll(&mut cx).is_pending());
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}

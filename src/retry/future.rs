@@ -194,6 +194,7 @@ where
                                 let Some(held) = this.held.take() else {
                                     unreachable!("a gated retry without its outcome");
                                 };
+                                this.state.set(State::Deciding);
                                 return Poll::Ready(*held);
                             }
                         }
@@ -202,14 +203,18 @@ where
                     this.state.set(State::Retrying);
                 }
                 StateProj::Deciding => {
-                    // Only between an attempt's end and the policy's answer, within one
-                    // poll; a future polled after it completed stays pending.
+                    // Between an attempt's end and the policy's answer, within one poll,
+                    // and once an outcome was handed back: a future polled after it
+                    // completed stays pending (and sends nothing).
                     return Poll::Pending;
                 }
                 StateProj::Retrying => {
                     let core = &**this.core;
                     let retries = this.retries.get_or_insert_with(|| Box::new(core.service()));
-                    ready!(retries.poll_ready(cx))?;
+                    if let Err(error) = ready!(retries.poll_ready(cx)) {
+                        this.state.set(State::Deciding);
+                        return Poll::Ready(Err(error));
+                    }
                     // The policy asked for a retry, which it does only with a copy.
                     let (Some(request), Some(policy)) = (this.copy.take(), this.policy.as_mut())
                     else {
