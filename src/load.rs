@@ -21,7 +21,7 @@
 //! |---|---|
 //! | an answer (2xx, 3xx, 4xx but 429) | a latency sample |
 //! | 429, gRPC `RESOURCE_EXHAUSTED`, `x-envoy-overloaded`, a Finagle nack | overload: the limit is cut |
-//! | a timeout (tower's `Elapsed` anywhere in the error's sources) | overload: the limit is cut |
+//! | a timeout anywhere in the error's sources (tower's `Elapsed`, a reqwest or hyper timeout, an `io::Error` of kind `TimedOut`) | overload: the limit is cut |
 //! | any other 5xx, any other error, an open circuit | nothing (not a load signal) |
 //!
 //! A bare 5xx says nothing of load: a dependency that is down, or failing some of its

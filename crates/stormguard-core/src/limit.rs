@@ -44,7 +44,8 @@
 //!   floor moves up to it. This is what keeps a brownout (every call 2.5 times as long)
 //!   from being read as a queue and throttled to nothing; it is the step Vegas and
 //!   Gradient lack, which is why they need a long-term average or a periodic probe at a
-//!   low limit (Envoy's minRTT window), which queues a healthy client's calls. Such a cut
+//!   low limit (Envoy's minRTT window), which queues a healthy client's calls (the probe
+//!   below is only for a limit calls have waited at for long). Such a cut
 //!   was wrong, and is undone. If, besides, the latency that read as a queue is gone
 //!   after the cut, the shortest calls of a window were long by chance (a dependency
 //!   without a floor: exponential service, cache hits beside database reads): the ratio
@@ -56,8 +57,17 @@
 //! - **Room** (no queue, and the window's calls in flight reached half the limit): the
 //!   limit grows by its square root, so that a client whose demand rises is not held
 //!   back and the limit stays about twice what a healthy dependency's calls need. Until
-//!   the first cut it doubles while calls wait at it (a slow start, as TCP's), so that
-//!   a new client with a burst is not held back by a limit it has not yet learnt.
+//!   the first cut by a queue it doubles while calls wait at it (a slow start, as
+//!   TCP's), so that a new client with a burst is not held back by a limit it has not
+//!   yet learnt. After it, calls waiting at the limit with the latency at its floor grow
+//!   it by one a window, and after four such windows in a row by twice as much each
+//!   window: held near a dependency's capacity, a queue shows and cuts within a few
+//!   windows; past them the dependency has room again (it scaled out, the incident is
+//!   over), and demand above the limit reaches it within a second, not a call a window.
+//! - **A probe**: after 25 windows in a row with calls waiting at the limit and the
+//!   latency within the tolerance of its floor, the limit is halved for a round trip, so
+//!   that a floor measured behind a standing queue shows; it comes back with the next
+//!   window of calls sent after it (or is cut from, if those are overload answers).
 //!
 //! - **Letting go**: after 25 windows in a row that measured calls served with room to
 //!   spare (none waited at the limit) and saw no queue nor overload, a limit that a
@@ -143,6 +153,9 @@ const FIRST_ANSWERS_WAIT: Duration = Duration::from_secs(2);
 const LET_GO_AFTER: u32 = 25;
 /// A latency cut keeps at least this share of the limit.
 const MAX_CUT: f64 = 0.25;
+/// Windows in a row of calls waiting at a limit with the latency at its floor that
+/// grow it by one each, before each grows it by twice the last.
+const GROW_AFTER: u32 = 4;
 /// The cut after overload answers or timeouts.
 const DROP_CUT: f64 = 0.75;
 /// The calls of a window whose shortest latency is its sample: the same count in every
@@ -265,6 +278,9 @@ struct State {
     cut_kept: AtomicU64,
     /// Windows in a row whose calls waited at the limit.
     saturated_run: AtomicU32,
+    /// Windows in a row whose calls waited at the limit with the latency at its floor,
+    /// the limit grown after each.
+    grow_run: AtomicU32,
     /// Windows in a row that held nothing back and saw no queue nor overload.
     calm_run: AtomicU32,
     /// Whether a queue or overload answers have cut the limit since it started or last
@@ -465,6 +481,7 @@ impl LoadLimit {
                 cut_throughput: AtomicU64::new(0),
                 cut_kept: AtomicU64::new(0),
                 saturated_run: AtomicU32::new(0),
+                grow_run: AtomicU32::new(0),
                 calm_run: AtomicU32::new(0),
                 learnt: AtomicBool::new(false),
                 slow_start: AtomicBool::new(true),
@@ -688,7 +705,7 @@ impl State {
         {
             return; // another call closed it
         }
-        let window = Window {
+        let mut window = Window {
             served: self.served.swap(0, Ordering::AcqRel),
             dropped: self.dropped.swap(0, Ordering::AcqRel),
             fresh: self.fresh.swap(0, Ordering::AcqRel),
@@ -696,6 +713,11 @@ impl State {
             peak: self.peak.swap(0, Ordering::AcqRel),
             length: at - start,
         };
+        if window.fresh_min == UNKNOWN {
+            // A call that ended as the window closed can sample the old window and count
+            // in this one: a count without its sample measured nothing.
+            window.fresh = 0;
+        }
         self.adjust(&window, at);
     }
 
@@ -739,7 +761,15 @@ impl State {
         // A window that measured nothing (only 5xx, refusals, or calls sent before a cut)
         // shows no room either.
         let mut calm = !saturated && w.dropped == 0 && w.fresh > 0;
+        let mut grew = false;
         if w.dropped > 0 && w.dropped * DROPS_PER_CUT >= calls {
+            let restore = self.probe_restore.swap(0, Ordering::AcqRel);
+            if restore != 0 {
+                // A probe halved the limit only to see the floor: the overload answers
+                // judge the limit it halved (and the probe's restore would otherwise
+                // undo their cut).
+                limit = restore as f64 / 1000.0;
+            }
             limit *= DROP_CUT;
             self.cut(at, 0, 0.0);
             self.learnt.store(true, Ordering::Release);
@@ -816,10 +846,20 @@ impl State {
                 // Calls waited at the limit and the latency stayed at its floor.
                 limit *= 2.0;
             } else if saturated {
-                limit += 1.0;
+                // Calls waited at the limit and the latency stayed at its floor: grow by
+                // one a window, then, the longer that lasts, by twice as much each
+                // window (held near a dependency's capacity, a queue shows and cuts
+                // within a few windows; past them, demand above the limit meets a
+                // dependency that has room again, and is not held back for seconds).
+                let run = self.grow_run.fetch_add(1, Ordering::AcqRel);
+                limit += f64::from(1u32 << run.saturating_sub(GROW_AFTER).min(16));
+                grew = true;
             } else if f64::from(w.peak) * 2.0 >= limit {
                 limit += limit.sqrt();
             }
+        }
+        if !grew {
+            self.grow_run.store(0, Ordering::Release);
         }
         let calm_run = if calm {
             self.calm_run.fetch_add(1, Ordering::AcqRel) + 1
@@ -1171,6 +1211,63 @@ mod tests {
                     "seed {seed} phase {i}: {mean}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn overload_answers_during_a_probe_cut_the_limit_the_probe_halved() {
+        let limit = LoadLimit::builder().initial(40).build().expect("valid");
+        let state = &limit.state;
+        // A probe halved the limit, 40, for a round trip to see the floor...
+        state.probe_restore.store(40_000, Ordering::Release);
+        state.limit_milli.store(20_000, Ordering::Release);
+        state.limit.store(20, Ordering::Release);
+        // ...and its window came back all overload answers: a quarter off the limit
+        // the probe halved.
+        let window = |served, dropped, fresh, fresh_min| Window {
+            served,
+            dropped,
+            fresh,
+            fresh_min,
+            peak: 10,
+            length: 40_000_000,
+        };
+        state.adjust(&window(0, 20, 0, UNKNOWN), 1_000_000_000);
+        assert_eq!(limit.limit(), 30);
+        // A calm window after it: the probe's restore does not undo the cut.
+        state.adjust(&window(20, 0, 8, 10_000_000), 2_000_000_000);
+        assert_eq!(limit.limit(), 30);
+    }
+
+    #[test]
+    fn a_limit_cut_in_an_overload_climbs_within_a_second_once_the_dependency_has_room() {
+        // 50 workers x 20 ms (2500 calls a second), offered 5000 a second: the limit is
+        // cut to about 50. The dependency then scales out to 200 workers while the
+        // demand stays: it needs 100 calls in flight, which calls waiting at the limit
+        // with the latency at its floor show. One more a window would take seconds.
+        for seed in 0..3 {
+            let mut sim = Sim::new(LoadLimit::default(), 50, seed);
+            let scaled = Duration::from_secs(3);
+            sim.run(5000.0, 20 * MS, scaled, |_, _, _| {});
+            let cut = sim.limit.limit();
+            assert!(cut < 90, "seed {seed}: {cut}");
+            sim.workers = 200;
+            let mut reached = None;
+            sim.run(
+                5000.0,
+                20 * MS,
+                scaled + Duration::from_secs(2),
+                |at, limit, _| {
+                    if reached.is_none() && limit >= 110 {
+                        reached = Some(at - scaled);
+                    }
+                },
+            );
+            let reached = reached.expect("the limit climbs");
+            assert!(
+                reached <= Duration::from_secs(1),
+                "seed {seed}: {cut} {reached:?}"
+            );
         }
     }
 
