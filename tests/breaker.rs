@@ -394,6 +394,46 @@ async fn wait_when_open_holds_poll_ready_until_the_break_is_over() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn wait_when_open_lets_one_waiter_probe_and_holds_the_others_until_it_decides() {
+    // Three callers (workers that get ready before they have a message to send) wait
+    // out the break together. At its end one is ready, with the probe slot; the others
+    // stay waiting (not refused), and go through once the probe closes the circuit.
+    let breaker = builder().wait_when_open(true).build().expect("config");
+    let (mut svc, mut handle) = service(&breaker);
+    trip(&mut svc, &mut handle, &breaker).await;
+    let rejected = breaker.stats().rejected;
+    let callers: Vec<_> = (0..3)
+        .map(|_| {
+            let mut svc = svc.clone();
+            tokio::spawn(async move {
+                svc.ready().await.expect("ready");
+                tokio::time::sleep(MS).await;
+                let future = svc.call(Request::new(()));
+                future.await.map(|res| res.map(ResponseBody::into_inner))
+            })
+        })
+        .collect();
+    advance(BREAK).await;
+    let (_, probe) = next_request(&mut handle).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        callers.iter().all(|caller| !caller.is_finished()),
+        "the others wait for the probe's verdict"
+    );
+    probe.send_response(response(200));
+    for _ in 0..2 {
+        let (_, send) = next_request(&mut handle).await;
+        send.send_response(response(200));
+    }
+    for caller in callers {
+        let res = caller.await.expect("joined").expect("served");
+        assert_eq!(res.status(), StatusCode::OK);
+    }
+    assert_eq!(breaker.state(), CircuitState::Closed);
+    assert_eq!(breaker.stats().rejected, rejected, "no caller was refused");
+}
+
+#[tokio::test(start_paused = true)]
 async fn wait_when_open_wakes_when_a_probe_slot_frees() {
     let breaker = builder().wait_when_open(true).build().expect("config");
     let (mut svc, mut handle) = service(&breaker);

@@ -352,6 +352,25 @@ impl CircuitBreaker {
         }
     }
 
+    /// Leave for one call if the circuit gives it now, for a `poll_ready` that waits for
+    /// it ([`wait_when_open`](CircuitBreakerBuilder::wait_when_open)): a refusal is not a
+    /// rejected call (the caller waits on), and is not counted.
+    fn reserve(&self) -> Option<future::Guard> {
+        match self.shared.breaker.try_acquire_with(now) {
+            Ok(permit) => {
+                let transition = permit.transition();
+                let guard = future::Guard::new(self.clone(), permit);
+                self.shared.calls.fetch_add(1, Ordering::Relaxed);
+                self.emit(transition);
+                Some(guard)
+            }
+            Err(rejected) => {
+                self.emit(rejected.transition);
+                None
+            }
+        }
+    }
+
     /// The refusal of a call `poll_ready` found the circuit refusing, counted as a
     /// rejection.
     fn refusal(&self) -> CircuitOpen {

@@ -11,7 +11,7 @@ use tower_service::Service;
 
 use crate::BoxError;
 
-use super::future::ResponseFuture;
+use super::future::{Guard, ResponseFuture};
 use super::ResponseBody;
 use super::{now, CircuitBreaker, CircuitState};
 
@@ -31,6 +31,10 @@ pub struct CircuitBreakerService<S> {
     sleep: Option<Pin<Box<Sleep>>>,
     /// A registration for the next change, while `poll_ready` waits for one.
     changed: Option<Pin<Box<tokio::sync::futures::OwnedNotified>>>,
+    /// The leave `poll_ready` took for the next call, when it waits for one
+    /// ([`wait_when_open`](super::CircuitBreakerBuilder::wait_when_open)): waiters woken
+    /// together at a break's end are not all let through to a single probe slot.
+    reserved: Option<Guard>,
 }
 
 impl<S> CircuitBreakerService<S> {
@@ -42,6 +46,7 @@ impl<S> CircuitBreakerService<S> {
             inner_ready: false,
             sleep: None,
             changed: None,
+            reserved: None,
         }
     }
 
@@ -65,9 +70,9 @@ impl<S> CircuitBreakerService<S> {
         self.inner
     }
 
-    /// Ready when the circuit would let a call through; otherwise registers for the
+    /// The circuit's leave for a call, once it gives it; until then registers for the
     /// end of the break or the next change.
-    fn poll_admission(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+    fn poll_admission(&mut self, cx: &mut Context<'_>) -> Poll<Guard> {
         loop {
             // Read only when the state needs it: a closed circuit answers without the
             // clock, which is most of a healthy call's `poll_ready`.
@@ -78,12 +83,17 @@ impl<S> CircuitBreakerService<S> {
                 .breaker
                 .check_with(|| read.insert(tokio::time::Instant::now()).into_std())
             {
-                Ok(()) => {
-                    self.sleep = None;
-                    self.changed = None;
-                    return Poll::Ready(());
-                }
-                Err(rejected) => rejected,
+                Ok(()) => match self.breaker.reserve() {
+                    Some(guard) => {
+                        self.sleep = None;
+                        self.changed = None;
+                        return Poll::Ready(guard);
+                    }
+                    // Another caller took the last probe slot in between: wait for the
+                    // next change.
+                    None => None,
+                },
+                Err(rejected) => Some(rejected),
             };
             let Some(changed) = &mut self.changed else {
                 // Register before looking again, so a change in between is not missed.
@@ -96,7 +106,7 @@ impl<S> CircuitBreakerService<S> {
                 self.changed = None;
                 continue;
             }
-            if rejected.state == CircuitState::Open {
+            if let Some(rejected) = rejected.filter(|r| r.state == CircuitState::Open) {
                 let now = read.unwrap_or_else(tokio::time::Instant::now);
                 let deadline = now + rejected.remaining;
                 let sleep = match &mut self.sleep {
@@ -131,6 +141,7 @@ impl<S: fmt::Debug> fmt::Debug for CircuitBreakerService<S> {
             .field("inner", &self.inner)
             .field("breaker", &self.breaker)
             .field("waiting", &(self.sleep.is_some() || self.changed.is_some()))
+            .field("reserved", &self.reserved.is_some())
             .finish()
     }
 }
@@ -149,12 +160,15 @@ where
     /// instead of waiting for the capacity of a dependency already considered down (as
     /// tower's `LoadShed` does). Otherwise, or with
     /// [`wait_when_open`](super::CircuitBreakerBuilder::wait_when_open), the inner service's
-    /// readiness.
+    /// readiness. With `wait_when_open`, a `poll_ready` that returns ready holds the
+    /// circuit's leave for the next `call` (a half-open probe slot, if it is one), given
+    /// back if the service is dropped first: callers waiting out a break together are
+    /// not all let through to one probe slot, to be refused at `call`.
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner_ready = false;
         if self.breaker.shared.wait_when_open {
-            if self.poll_admission(cx).is_pending() {
-                return Poll::Pending;
+            if self.reserved.is_none() {
+                self.reserved = Some(ready!(self.poll_admission(cx)));
             }
         } else if self.breaker.shared.breaker.check_with(now).is_err() {
             return Poll::Ready(Ok(()));
@@ -170,7 +184,11 @@ where
             // be ready, so the call cannot go to it, even if the circuit admits now.
             return ResponseFuture::rejected(self.breaker.refusal());
         }
-        match self.breaker.try_acquire() {
+        let leave = match self.reserved.take() {
+            Some(guard) => Ok(guard),
+            None => self.breaker.try_acquire(),
+        };
+        match leave {
             // The guard exists before the inner call, so a `call` that panics gives
             // the permit (a half-open probe slot) back as it unwinds.
             Ok(guard) => ResponseFuture::called(self.inner.call(request), guard),
