@@ -67,7 +67,8 @@
 //! - **A probe**: after 25 windows in a row with calls waiting at the limit and the
 //!   latency within the tolerance of its floor, the limit is halved for a round trip, so
 //!   that a floor measured behind a standing queue shows; it comes back with the next
-//!   window of calls sent after it (or is cut from, if those are overload answers).
+//!   window of calls sent after it (or is cut from, if those are overload answers). A
+//!   limit at the `max` set is not probed: it sheds what the user capped, no more.
 //!
 //! - **Letting go**: after 25 windows in a row that measured calls served with room to
 //!   spare (none waited at the limit) and saw no queue nor overload, a limit that a
@@ -833,7 +834,7 @@ impl State {
                 self.slow_start.store(false, Ordering::Release);
             } else if ratio > tolerance {
                 // A queue this client's limit does not bind: not this client's to cut.
-            } else if saturated && (run >= PROBE_AFTER || faster) {
+            } else if saturated && limit < f64::from(c.max) && (run >= PROBE_AFTER || faster) {
                 // Calls have waited at the limit for a while with the latency within
                 // the tolerance of a floor that a standing queue may be hiding: halve the
                 // calls in flight for a round trip to see the floor again.
@@ -843,7 +844,9 @@ impl State {
                 self.cut(at, 0, 0.0);
                 self.saturated_run.store(0, Ordering::Release);
             } else if saturated && self.slow_start.load(Ordering::Acquire) {
-                // Calls waited at the limit and the latency stayed at its floor.
+                // Calls waited at the limit and the latency stayed at its floor. (At the
+                // `max` set, no probe: the limit the user capped stays, whatever queue a
+                // probe would find.)
                 limit *= 2.0;
             } else if saturated {
                 // Calls waited at the limit and the latency stayed at its floor: grow by
@@ -1212,6 +1215,25 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn a_limit_held_at_its_max_by_demand_is_not_probed() {
+        // Demand far above a `max` of 20, a dependency answering in 10 ms: the limit
+        // stays at the cap, window after window (a probe would halve it for a round
+        // trip, and shed what a healthy dependency would serve).
+        let limit = LoadLimit::builder()
+            .initial(20)
+            .max(20)
+            .build()
+            .expect("valid");
+        let mut at = Instant::now();
+        let mut lowest = u32::MAX;
+        for _ in 0..400 {
+            round(&limit, &mut at, 40, 10 * MS, Load::Served);
+            lowest = lowest.min(limit.limit());
+        }
+        assert_eq!(lowest, 20);
     }
 
     #[test]
