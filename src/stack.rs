@@ -72,7 +72,8 @@
 //!   server's `Retry-After` (up to 20 s), never past the total timeout. A retry of a
 //!   throttling answer (429) waits the server's wait spread over one more, then up to
 //!   one more for a slot of the gate of throttled retries: three of the server's waits
-//!   at most, after which the 429 is handed back.
+//!   at most, after which the 429 is handed back. Meanwhile the request holds that
+//!   429, body unread (to hand it back): over HTTP/1, its connection with it.
 //! - **Load control**: up to 100 ms waiting for room (`max_wait`), then the call fails
 //!   with [`Shed`](crate::load::Shed), not retried. While the limit is still a guess (a
 //!   new client's, or one that has let go after an incident), up to sixteen of the
@@ -85,7 +86,10 @@
 //!   [`FAIL_FAST_AFTER`](crate::sans_io::breaker::FAIL_FAST_AFTER) (300 ms, a blip) it
 //!   is sent again spread over up to four times the circuit's age; past that it fails
 //!   at once with [`CircuitOpen`](crate::CircuitOpen), whose `remaining()` says when the
-//!   next probe is due, so that the caller can fall back.
+//!   next probe is due, so that the caller can fall back. A half-open probe that is a
+//!   gRPC stream is decided by its first message or its trailers: a stream that sends
+//!   neither for a while (an idle watch) holds the probe slot, and the calls behind it
+//!   are refused, until it does.
 //! - **Attempt timeout**: 10 s per attempt.
 //!
 //! # Naming the type
