@@ -61,9 +61,10 @@
 //!   TCP's), so that a new client with a burst is not held back by a limit it has not
 //!   yet learnt. After it, calls waiting at the limit with the latency at its floor grow
 //!   it by one a window, and after four such windows in a row by twice as much each
-//!   window: held near a dependency's capacity, a queue shows and cuts within a few
-//!   windows; past them the dependency has room again (it scaled out, the incident is
-//!   over), and demand above the limit reaches it within a second, not a call a window.
+//!   window, up to its square root: held near a dependency's capacity, a queue shows
+//!   and cuts within a few windows; past them the dependency has room again (it scaled
+//!   out, the incident is over), and demand above the limit reaches it within a second,
+//!   not a call a window.
 //! - **A probe**: after 25 windows in a row with calls waiting at the limit and the
 //!   latency within the tolerance of its floor, the limit is halved for a round trip, so
 //!   that a floor measured behind a standing queue shows; it comes back with the next
@@ -155,7 +156,8 @@ const LET_GO_AFTER: u32 = 25;
 /// A latency cut keeps at least this share of the limit.
 const MAX_CUT: f64 = 0.25;
 /// Windows in a row of calls waiting at a limit with the latency at its floor that
-/// grow it by one each, before each grows it by twice the last.
+/// grow it by one each, before each grows it by twice the last (up to the limit's
+/// square root).
 const GROW_AFTER: u32 = 4;
 /// The cut after overload answers or timeouts.
 const DROP_CUT: f64 = 0.75;
@@ -851,11 +853,14 @@ impl State {
             } else if saturated {
                 // Calls waited at the limit and the latency stayed at its floor: grow by
                 // one a window, then, the longer that lasts, by twice as much each
-                // window (held near a dependency's capacity, a queue shows and cuts
-                // within a few windows; past them, demand above the limit meets a
-                // dependency that has room again, and is not held back for seconds).
+                // window, up to the square root of the limit (held near a dependency's
+                // capacity, a queue shows and cuts within a few windows; past them,
+                // demand above the limit meets a dependency that has room again, and is
+                // not held back for seconds; the root bounds how far past a queue one
+                // window's growth goes).
                 let run = self.grow_run.fetch_add(1, Ordering::AcqRel);
-                limit += f64::from(1u32 << run.saturating_sub(GROW_AFTER).min(16));
+                let step = f64::from(1u32 << run.saturating_sub(GROW_AFTER).min(16));
+                limit += step.min(limit.sqrt().max(1.0));
                 grew = true;
             } else if f64::from(w.peak) * 2.0 >= limit {
                 limit += limit.sqrt();
