@@ -331,9 +331,9 @@ impl CircuitBreaker {
         self.shared.breaker.config()
     }
 
-    /// Asks for leave to call the inner service: the permit, held by a guard that
-    /// reports the call's outcome or gives the permit back.
-    fn try_acquire(&self) -> Result<future::Guard, CircuitOpen> {
+    /// Leave for one call, held by a guard that reports the call's outcome or gives the
+    /// permit back; or the circuit's refusal. The transition either caused is told.
+    fn acquire(&self) -> Result<future::Guard, stormguard_core::breaker::Rejected> {
         match self.shared.breaker.try_acquire_with(now) {
             Ok(permit) => {
                 let transition = permit.transition();
@@ -346,29 +346,24 @@ impl CircuitBreaker {
             }
             Err(rejected) => {
                 self.emit(rejected.transition);
-                self.shared.rejected.fetch_add(1, Ordering::Relaxed);
-                Err(self.circuit_open(rejected.remaining, rejected.state, rejected.open_for))
+                Err(rejected)
             }
         }
+    }
+
+    /// Asks for leave to call the inner service; a refusal is a rejected call.
+    fn try_acquire(&self) -> Result<future::Guard, CircuitOpen> {
+        self.acquire().map_err(|rejected| {
+            self.shared.rejected.fetch_add(1, Ordering::Relaxed);
+            self.circuit_open(rejected.remaining, rejected.state, rejected.open_for)
+        })
     }
 
     /// Leave for one call if the circuit gives it now, for a `poll_ready` that waits for
     /// it ([`wait_when_open`](CircuitBreakerBuilder::wait_when_open)): a refusal is not a
     /// rejected call (the caller waits on), and is not counted.
     fn reserve(&self) -> Option<future::Guard> {
-        match self.shared.breaker.try_acquire_with(now) {
-            Ok(permit) => {
-                let transition = permit.transition();
-                let guard = future::Guard::new(self.clone(), permit);
-                self.shared.calls.fetch_add(1, Ordering::Relaxed);
-                self.emit(transition);
-                Some(guard)
-            }
-            Err(rejected) => {
-                self.emit(rejected.transition);
-                None
-            }
-        }
+        self.acquire().ok()
     }
 
     /// The refusal of a call `poll_ready` found the circuit refusing, counted as a
