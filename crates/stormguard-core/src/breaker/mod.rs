@@ -272,10 +272,16 @@ pub const FAIL_FAST_AFTER: Duration = Duration::from_millis(300);
 /// when they are sent again: see [`backlog_wait`].
 pub(crate) const BACKLOG_SPREAD: f64 = 4.0;
 
+/// How far a refused call's spread may fall either side of [`BACKLOG_SPREAD`] times
+/// the circuit's age, as a share of it: see [`backlog_wait`].
+const BACKLOG_BAND: f64 = 0.25;
+
 /// How long a call the circuit refused waits before it is sent again: its `backoff`,
-/// or, if later, the end of the break plus a uniform share (`draw`, in `[0, 1]`) of
-/// [`BACKLOG_SPREAD`] times [`Rejected::open_for`], a span cut to end by `limit` (the
-/// backoff's cap, or the time the request's deadline leaves, if sooner).
+/// or, if later, the end of the break plus [`BACKLOG_SPREAD`] times
+/// [`Rejected::open_for`], give or take a quarter of it (`draw`, in `[0, 1]`, places
+/// it in that band). Where that would outlast `limit` (the backoff's cap, or the time
+/// the request's deadline leaves, if sooner), the wait is a uniform share of the span
+/// up to the limit instead.
 ///
 /// Every call a circuit refuses while it is open is a call its callers still want, and
 /// the moment the circuit closes they all want it at once. Sent after their backoffs
@@ -284,12 +290,21 @@ pub(crate) const BACKLOG_SPREAD: f64 = 4.0;
 /// within 200 ms of backoff they come back at 1.5 times the healthy rate on top of it,
 /// which a dependency at two thirds of its capacity cannot serve within a 100 ms
 /// timeout. Its timeouts trip the circuit again and spend the retry budget the next
-/// blip needed. Spread over `BACKLOG_SPREAD` times as long as they built up, a backlog
-/// comes back at about a quarter of the rate it built up at, whatever the break's
-/// length (up to the limit), which a dependency serving up to 80% of its capacity has
-/// room for. The wait grows only with the circuit's own age: a short break costs a
-/// short wait. The limit cuts the span, not the draw, so no share of the backlog piles
-/// up at the limit; a wait cut to the deadline is still a wait the request can use.
+/// blip needed.
+///
+/// A call refused at age `a` comes back at about `5a`; one that comes back while the
+/// circuit is still open is refused again, at its new age, and so on. The calls
+/// refused over an open span `A` thus come back over `[A, 5A]` after it at a quarter
+/// of the rate they were refused at, evenly (a call refused at `a` last comes back at
+/// `5^k a` for the `k` that first passes `A`; the rates of the `k`s sum to a quarter),
+/// which a dependency serving up to 80% of its capacity has room for. A wait drawn
+/// uniformly from the whole span instead, from the break's end to `5a`, brings most
+/// of the backlog back in the first moments after the close (the calls refused early
+/// come back early), at up to three quarters of the rate it built up at: in the
+/// storm's blips, a queue that met its attempt timeout. The wait grows only with the
+/// circuit's own age: a short break costs a short wait. A span cut by the limit is
+/// drawn from uniformly, so no share of the backlog piles up at the limit; a wait cut
+/// to the deadline is still a wait the request can use.
 pub(crate) fn backlog_wait(
     backoff: Duration,
     remaining: Duration,
@@ -302,10 +317,16 @@ pub(crate) fn backlog_wait(
     } else {
         0.0
     };
-    let span = Duration::try_from_secs_f64(open_for.as_secs_f64() * BACKLOG_SPREAD)
-        .unwrap_or(Duration::MAX)
-        .min(limit.saturating_sub(remaining));
-    let spread = Duration::try_from_secs_f64(span.as_secs_f64() * share).unwrap_or(span);
+    let room = limit.saturating_sub(remaining);
+    let span = open_for.as_secs_f64() * BACKLOG_SPREAD;
+    let banded = span * (1.0 + BACKLOG_BAND);
+    let spread = if banded <= room.as_secs_f64() {
+        let factor = 1.0 - BACKLOG_BAND + 2.0 * BACKLOG_BAND * share;
+        Duration::try_from_secs_f64(span * factor).unwrap_or(room)
+    } else {
+        let span = Duration::try_from_secs_f64(span).map_or(room, |span| span.min(room));
+        Duration::try_from_secs_f64(span.as_secs_f64() * share).unwrap_or(span)
+    };
     backoff.max(remaining.saturating_add(spread))
 }
 
@@ -373,15 +394,15 @@ mod tests {
     fn the_documented_waits() {
         let ms = Duration::from_millis;
         let cap = Duration::from_secs(20);
-        // A circuit open for 300 ms: the call comes back within 1.2 s after the break.
+        // A circuit open for 300 ms: the call comes back 0.9 to 1.5 s after the break.
         assert_eq!(
             super::backlog_wait(ms(50), ms(10), ms(300), cap, 0.5),
-            ms(610)
+            ms(1210)
         );
         // A backoff longer than that is kept.
         assert_eq!(
-            super::backlog_wait(ms(900), ms(10), ms(300), cap, 0.0),
-            ms(900)
+            super::backlog_wait(ms(1600), ms(10), ms(300), cap, 0.0),
+            ms(1600)
         );
         // A deadline 510 ms away cuts the span to 500 ms after the break.
         assert_eq!(
@@ -492,25 +513,25 @@ mod tests {
     fn a_backlog_is_spread_over_four_times_its_age_after_the_break() {
         let ms = Duration::from_millis;
         let cap = Duration::from_secs(20);
-        // The whole span: from the break's end to four times the age after it.
-        assert_eq!(backlog_wait(ms(0), ms(20), ms(300), cap, 0.0), ms(20));
-        assert_eq!(backlog_wait(ms(0), ms(20), ms(300), cap, 1.0), ms(1220));
-        assert_eq!(backlog_wait(ms(0), ms(20), ms(300), cap, 0.25), ms(320));
+        // After the break's end, four times the age, give or take a quarter of it.
+        assert_eq!(backlog_wait(ms(0), ms(20), ms(300), cap, 0.0), ms(920));
+        assert_eq!(backlog_wait(ms(0), ms(20), ms(300), cap, 1.0), ms(1520));
+        assert_eq!(backlog_wait(ms(0), ms(20), ms(300), cap, 0.25), ms(1070));
         // The backoff, when it is the longer wait.
         assert_eq!(backlog_wait(ms(700), ms(20), ms(100), cap, 0.5), ms(700));
-        assert_eq!(backlog_wait(ms(700), ms(20), ms(300), cap, 0.75), ms(920));
+        assert_eq!(backlog_wait(ms(700), ms(20), ms(300), cap, 0.75), ms(1370));
         // A circuit just opened adds nothing; draws outside [0, 1] are clamped, a NaN
         // or an infinite draw adds nothing.
         assert_eq!(
             backlog_wait(ms(50), ms(25), Duration::ZERO, cap, 1.0),
             ms(50)
         );
-        assert_eq!(backlog_wait(ms(0), ms(20), ms(300), cap, 7.0), ms(1220));
-        assert_eq!(backlog_wait(ms(0), ms(20), ms(300), cap, -1.0), ms(20));
-        assert_eq!(backlog_wait(ms(0), ms(20), ms(300), cap, f64::NAN), ms(20));
+        assert_eq!(backlog_wait(ms(0), ms(20), ms(300), cap, 7.0), ms(1520));
+        assert_eq!(backlog_wait(ms(0), ms(20), ms(300), cap, -1.0), ms(920));
+        assert_eq!(backlog_wait(ms(0), ms(20), ms(300), cap, f64::NAN), ms(920));
         assert_eq!(
             backlog_wait(ms(0), ms(20), ms(300), cap, f64::INFINITY),
-            ms(20)
+            ms(920)
         );
         // The limit cuts the span, not the draw: a circuit open for a minute spreads
         // its backlog evenly up to the limit, none of it piled at the limit.
@@ -527,6 +548,41 @@ mod tests {
         );
         let huge = backlog_wait(ms(0), ms(0), Duration::MAX, Duration::MAX, 1.0);
         assert!(huge >= Duration::from_secs(u64::MAX / 2), "{huge:?}");
+    }
+
+    #[test]
+    fn a_blips_backlog_comes_back_evenly_at_a_quarter_of_its_rate() {
+        use rand::rngs::SmallRng;
+        use rand::{RngExt, SeedableRng};
+
+        // A circuit open for 250 ms in 25 ms breaks refuses a call every millisecond;
+        // each comes back after its wait, and one that comes back while the circuit is
+        // still open is refused again at its new age. After the close, they come back
+        // over about a second at a quarter of the rate they were refused at, in every
+        // 50 ms: no rush at the close. (A wait drawn uniformly from the whole span
+        // brought back about three quarters of the rate in the first 50 ms.)
+        let ms = Duration::from_millis;
+        let open = ms(250);
+        let cap = Duration::from_secs(20);
+        let mut rng = SmallRng::seed_from_u64(7);
+        let mut buckets = [0u32; 40];
+        for refused in 0..250u64 {
+            let mut age = ms(refused) + Duration::from_micros(rng.random_range(0..1000));
+            while age < open {
+                let remaining = ms(25) - Duration::from_nanos((age.as_nanos() % 25_000_000) as u64);
+                age += backlog_wait(ms(0), remaining, age, cap, rng.random());
+            }
+            let bucket = ((age - open).as_millis() / 50) as usize;
+            buckets[bucket.min(buckets.len() - 1)] += 1;
+        }
+        // 50 refused in 50 ms; a quarter of that is 12.5.
+        let rush = buckets.iter().max().copied().unwrap_or(0);
+        assert!(rush <= 20, "{buckets:?}");
+        let within = buckets[..26].iter().sum::<u32>();
+        assert_eq!(
+            within, 250,
+            "all back within 1.3 s of the close: {buckets:?}"
+        );
     }
 
     #[test]
