@@ -53,10 +53,7 @@
 //!   own latencies is not read as a queue again. Where the latency has no floor to read
 //!   a queue against, the overload answers and timeouts below still cut.
 //! - **Overload answers or timeouts** (at least one in twenty of a window's calls): the
-//!   limit is cut by a quarter, once per round trip, as TCP halves its window once per
-//!   loss event: those of calls sent before the last cut met the load that cut
-//!   answered, and do not cut again (they would cut a limit already below the calls
-//!   still in flight, and shed what the dependency was about to have room for).
+//!   limit is cut by a quarter.
 //! - **Room** (no queue, and the window's calls in flight reached half the limit): the
 //!   limit grows by its square root, so that a client whose demand rises is not held
 //!   back and the limit stays about twice what a healthy dependency's calls need. Until
@@ -264,11 +261,9 @@ struct State {
     limit_milli: AtomicU64,
     /// The current window's start.
     window_start: AtomicU64,
-    /// The window's samples (calls served) and drops (overload answers, timeouts) of
-    /// calls sent since the last cut, and drops of calls sent before it.
+    /// The window's samples (calls served) and drops (overload answers, timeouts).
     served: AtomicU32,
     dropped: AtomicU32,
-    stale_dropped: AtomicU32,
     /// The window's shortest latency among calls sent since the last cut, and their count.
     fresh_min: AtomicU64,
     fresh: AtomicU32,
@@ -481,7 +476,6 @@ impl LoadLimit {
                 window_start: AtomicU64::new(0),
                 served: AtomicU32::new(0),
                 dropped: AtomicU32::new(0),
-                stale_dropped: AtomicU32::new(0),
                 fresh_min: AtomicU64::new(UNKNOWN),
                 fresh: AtomicU32::new(0),
                 peak: AtomicU32::new(0),
@@ -660,13 +654,7 @@ impl LimitPermit {
                 }
             }
             Load::Overloaded => {
-                // A call sent before the last cut met the load the cut answered: once
-                // per round trip, as TCP halves its window once per loss event.
-                if self.sent >= state.cut_at.load(Ordering::Acquire) {
-                    state.dropped.fetch_add(1, Ordering::Release);
-                } else {
-                    state.stale_dropped.fetch_add(1, Ordering::Release);
-                }
+                state.dropped.fetch_add(1, Ordering::Release);
             }
             Load::Unrelated => {}
         }
@@ -683,10 +671,7 @@ impl Drop for LimitPermit {
 /// What one window saw.
 struct Window {
     served: u32,
-    /// Overload answers and timeouts of calls sent since the last cut...
     dropped: u32,
-    /// ...and of calls sent before it.
-    stale_dropped: u32,
     fresh: u32,
     fresh_min: u64,
     peak: u32,
@@ -713,9 +698,7 @@ impl State {
         if elapsed < length {
             return;
         }
-        let calls = self.served.load(Ordering::Relaxed)
-            + self.dropped.load(Ordering::Relaxed)
-            + self.stale_dropped.load(Ordering::Relaxed);
+        let calls = self.served.load(Ordering::Relaxed) + self.dropped.load(Ordering::Relaxed);
         if calls < MIN_CALLS && elapsed < MAX_WINDOW {
             return;
         }
@@ -729,7 +712,6 @@ impl State {
         let mut window = Window {
             served: self.served.swap(0, Ordering::AcqRel),
             dropped: self.dropped.swap(0, Ordering::AcqRel),
-            stale_dropped: self.stale_dropped.swap(0, Ordering::AcqRel),
             fresh: self.fresh.swap(0, Ordering::AcqRel),
             fresh_min: self.fresh_min.swap(UNKNOWN, Ordering::AcqRel),
             peak: self.peak.swap(0, Ordering::AcqRel),
@@ -768,7 +750,7 @@ impl State {
             floor = floor.min(lower);
         }
         let throughput = f64::from(w.served) / (w.length.max(1) as f64 / 1e9);
-        let calls = w.served + w.dropped + w.stale_dropped;
+        let calls = w.served + w.dropped;
         let cut_at = self.cut_at.load(Ordering::Acquire);
         let pending = self.cut_min.load(Ordering::Acquire);
         let saturated = f64::from(w.peak) >= limit.floor();
@@ -782,16 +764,9 @@ impl State {
         // Whether the window held nothing back and saw no sign of load.
         // A window that measured nothing (only 5xx, refusals, or calls sent before a cut)
         // shows no room either.
-        let mut calm = !saturated && w.dropped + w.stale_dropped == 0 && w.fresh > 0;
+        let mut calm = !saturated && w.dropped == 0 && w.fresh > 0;
         let mut grew = false;
-        // Drops of calls sent before the last cut met the load that cut answered; but a
-        // probe's halving answered none, and they judge the limit it halved.
-        let drops = if self.probe_restore.load(Ordering::Acquire) != 0 {
-            w.dropped + w.stale_dropped
-        } else {
-            w.dropped
-        };
-        if drops > 0 && drops * DROPS_PER_CUT >= calls {
+        if w.dropped > 0 && w.dropped * DROPS_PER_CUT >= calls {
             let restore = self.probe_restore.swap(0, Ordering::AcqRel);
             if restore != 0 {
                 // A probe halved the limit only to see the floor: the overload answers
@@ -1268,36 +1243,6 @@ mod tests {
     }
 
     #[test]
-    fn overload_answers_cut_once_a_round_trip() {
-        // Forty calls sent at once time out: the first of them cut the limit; the rest,
-        // sent before that cut, met the load it answered and do not cut it again (as
-        // TCP halves its window once per loss event). Calls sent after the cut that
-        // time out too cut it once more.
-        let limit = LoadLimit::builder().initial(40).build().expect("valid");
-        let t0 = Instant::now();
-        let at = |ms: u32| t0 + ms * MS;
-        let sent: Vec<_> = (0..40)
-            .map(|_| limit.try_acquire(at(0)).expect("room"))
-            .collect();
-        let mut sent = sent.into_iter();
-        for permit in sent.by_ref().take(20) {
-            permit.complete(Load::Overloaded, at(100));
-        }
-        assert_eq!(limit.limit(), 30);
-        for permit in sent {
-            permit.complete(Load::Overloaded, at(200));
-        }
-        assert_eq!(limit.limit(), 30, "calls sent before the cut cut again");
-        let after: Vec<_> = (0..10)
-            .map(|_| limit.try_acquire(at(200)).expect("room"))
-            .collect();
-        for permit in after {
-            permit.complete(Load::Overloaded, at(300));
-        }
-        assert_eq!(limit.limit(), 22);
-    }
-
-    #[test]
     fn overload_answers_during_a_probe_cut_the_limit_the_probe_halved() {
         let limit = LoadLimit::builder().initial(40).build().expect("valid");
         let state = &limit.state;
@@ -1310,7 +1255,6 @@ mod tests {
         let window = |served, dropped, fresh, fresh_min| Window {
             served,
             dropped,
-            stale_dropped: 0,
             fresh,
             fresh_min,
             peak: 10,
