@@ -13,8 +13,8 @@ use stormguard_core::breaker::CircuitState;
 /// Find it with `err.downcast_ref::<CircuitOpen>()`. The retry layer waits out a break
 /// that ends before the backoff's next wait: a refused retry without counting it as an
 /// attempt, up to as many refusals as the request has retries, a refused first call as
-/// a retry the budget admits; either is sent again spread over the circuit's age
-/// ([`open_for`](Self::open_for)). Before that, a first call refused within a break of
+/// a retry the budget admits; either is sent again about four times the circuit's age
+/// later ([`open_for`](Self::open_for)). Before that, a first call refused within a break of
 /// the break's end waits for the probe's verdict, free: once, and once more if it
 /// then meets that probe still deciding ([`break_duration`](Self::break_duration)). Otherwise, and for an isolated circuit, it gives up
 /// (`GiveUp::CircuitOpen`); see the [`retry` module](crate::retry#an-open-circuit-below).

@@ -84,7 +84,7 @@
 //! - **Circuit breaker**: a refused call waits out a short break (25 ms) for the
 //!   probe's verdict (once, or twice if it first meets the probe still deciding); in a circuit away from Closed for less than
 //!   [`FAIL_FAST_AFTER`](crate::sans_io::breaker::FAIL_FAST_AFTER) (300 ms, a blip) it
-//!   is sent again spread over up to four times the circuit's age; past that it fails
+//!   is sent again about four times the circuit's age later (give or take a quarter); past that it fails
 //!   at once with [`CircuitOpen`](crate::CircuitOpen), whose `remaining()` says when the
 //!   next probe is due, so that the caller can fall back. A half-open probe that is a
 //!   gRPC stream is decided by its first message or its trailers: a stream that sends

@@ -251,7 +251,7 @@ pub struct Rejected {
 
 /// How long a circuit may be away from Closed before the calls it refuses fail at once
 /// (the fail-fast horizon): the retry layer rides out a refusal younger than this with
-/// a backlog wait (spread over up to four times the circuit's age), and fails an older
+/// a backlog wait (about four times the circuit's age), and fails an older
 /// one with `CircuitOpen` after at most a short wait for a break's probe (its rest and
 /// up to two breaks).
 ///
@@ -268,8 +268,8 @@ pub struct Rejected {
 /// when the next probe is due.
 pub const FAIL_FAST_AFTER: Duration = Duration::from_millis(300);
 
-/// How much longer than the circuit has been open the calls it refused are spread over
-/// when they are sent again: see [`backlog_wait`].
+/// How much longer than the circuit has been open the calls it refused wait, after the
+/// break, before they are sent again: see [`backlog_wait`].
 pub(crate) const BACKLOG_SPREAD: f64 = 4.0;
 
 /// How far a refused call's spread may fall either side of [`BACKLOG_SPREAD`] times

@@ -763,8 +763,8 @@ impl RequestRetry {
         })
     }
 
-    /// The wait of a call an open circuit refused, whose backoff drew `delay`: spread
-    /// over the circuit's age up to the backoff's cap, or up to the deadline if sooner.
+    /// The wait of a call an open circuit refused, whose backoff drew `delay`: about four
+    /// times the circuit's age, within the backoff's cap, or the deadline if sooner.
     fn backlog_wait(
         &mut self,
         env: &mut Env<'_>,
