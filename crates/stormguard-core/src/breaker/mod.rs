@@ -319,14 +319,12 @@ pub(crate) fn backlog_wait(
     };
     let room = limit.saturating_sub(remaining);
     let span = open_for.as_secs_f64() * BACKLOG_SPREAD;
-    let banded = span * (1.0 + BACKLOG_BAND);
-    let spread = if banded <= room.as_secs_f64() {
-        let factor = 1.0 - BACKLOG_BAND + 2.0 * BACKLOG_BAND * share;
-        Duration::try_from_secs_f64(span * factor).unwrap_or(room)
+    let seconds = if span * (1.0 + BACKLOG_BAND) <= room.as_secs_f64() {
+        span * (1.0 - BACKLOG_BAND + 2.0 * BACKLOG_BAND * share)
     } else {
-        let span = Duration::try_from_secs_f64(span).map_or(room, |span| span.min(room));
-        Duration::try_from_secs_f64(span.as_secs_f64() * share).unwrap_or(span)
+        span.min(room.as_secs_f64()) * share
     };
+    let spread = Duration::try_from_secs_f64(seconds).map_or(room, |spread| spread.min(room));
     backoff.max(remaining.saturating_add(spread))
 }
 
