@@ -29,6 +29,7 @@ use stormguard_core::breaker::CircuitState;
 /// assert_eq!(open.remaining(), Duration::from_secs(3));
 /// assert_eq!(err.to_string(), "circuit breaker open: next probe in 3s");
 /// assert_eq!(open.open_for(), Duration::ZERO);
+/// assert_eq!(open.failing_for(), Duration::ZERO);
 /// assert_eq!(open.break_duration(), Duration::ZERO);
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,6 +37,7 @@ pub struct CircuitOpen {
     pub(crate) remaining: Duration,
     pub(crate) state: CircuitState,
     pub(crate) open_for: Duration,
+    pub(crate) failing_for: Duration,
     pub(crate) break_duration: Duration,
 }
 
@@ -46,6 +48,7 @@ impl CircuitOpen {
             remaining,
             state: CircuitState::Open,
             open_for: Duration::ZERO,
+            failing_for: Duration::ZERO,
             break_duration: Duration::ZERO,
         }
     }
@@ -62,6 +65,16 @@ impl CircuitOpen {
     /// again (see [`sans_io::retry`](crate::sans_io::retry)).
     pub fn open_for(&self) -> Duration {
         self.open_for
+    }
+
+    /// How long the dependency had been failing when the circuit refused the call, as
+    /// the breaker saw it: [`open_for`](Self::open_for) plus the run of failures in a
+    /// row that opened the circuit. Past
+    /// [`FAIL_FAST_AFTER`](crate::sans_io::breaker::FAIL_FAST_AFTER) the retry layer
+    /// fails the call instead of riding the refusal out (see
+    /// [`sans_io::retry`](crate::sans_io::retry)). Zero if not known.
+    pub fn failing_for(&self) -> Duration {
+        self.failing_for
     }
 
     /// How long until the break is over and a probe may go through. Zero when the

@@ -82,9 +82,11 @@
 //!   a new client's burst of a thousand calls to a dependency answering in 50 ms is
 //!   served within about six of its round trips.
 //! - **Circuit breaker**: a refused call waits out a short break (25 ms) for the
-//!   probe's verdict (once, or twice if it first meets the probe still deciding); in a circuit away from Closed for less than
-//!   [`FAIL_FAST_AFTER`](crate::sans_io::breaker::FAIL_FAST_AFTER) (300 ms, a blip) it
-//!   is sent again about four times the circuit's age later (give or take a quarter); past that it fails
+//!   probe's verdict (once, or twice if it first meets the probe still deciding); while
+//!   the dependency has been failing for less than
+//!   [`FAIL_FAST_AFTER`](crate::sans_io::breaker::FAIL_FAST_AFTER) (350 ms from the
+//!   first of the failures in a row that opened the circuit: a blip) it is sent again
+//!   about four times the circuit's age later (give or take a quarter); past that it fails
 //!   at once with [`CircuitOpen`](crate::CircuitOpen), whose `remaining()` says when the
 //!   next probe is due, so that the caller can fall back. A half-open probe that is a
 //!   gRPC stream is decided by its first message or its trailers: a stream that sends

@@ -1,7 +1,7 @@
 //! A dependency down for 20 s, called at 200 requests a second through the standard
 //! stack (hyper-util on a `TrackedConnector`, real sockets): once the outage is more
-//! than a blip, calls fail fast, and the caller holds no more than twice the requests
-//! the same stack holds with a breaker that never opens.
+//! than a blip, calls fail fast, and the caller holds no more than 1.5 times the
+//! requests the same stack holds with a breaker that never opens.
 //!
 //! It takes about 25 s, so it is `#[ignore]`d in `cargo test`; CI runs it
 //! (`cargo test --all-features --test outage_stack -- --ignored --nocapture`).
@@ -176,14 +176,13 @@ async fn an_outage_fails_fast_and_holds_no_more_than_a_breaker_that_never_opens(
     );
     println!("standard stack's breaker: {:?}", standard.breaker().stats());
     assert!(ours_p99 <= Duration::from_millis(500), "{ours_p99:?}");
-    // Issue #42 asks for 1.5 times. Every request made before the circuit has been open
-    // for `FAIL_FAST_AFTER` (300 ms) is ridden out as a blip's would be, until about
-    // then: seven runs held 83 to 92 against 54 to 68, 1.25 to 1.70 times (the reference's
-    // own peak moves by a third run to run). The bound is what the runs leave room for;
-    // 0.2 held 1,127, 18 times as many.
+    // Every request made before the dependency has been failing for `FAIL_FAST_AFTER`
+    // (350 ms) is ridden out as a blip's would be, until about then; the reference's are
+    // held by their backoffs until its retry budget runs out, about as long. 0.2 held
+    // 1,127, 18 times as many.
     assert!(
-        ours.peak_in_flight <= reference.peak_in_flight * 2,
-        "{} vs {}",
+        2 * ours.peak_in_flight <= 3 * reference.peak_in_flight,
+        "{} vs {}: more than 1.5 times",
         ours.peak_in_flight,
         reference.peak_in_flight
     );

@@ -355,7 +355,7 @@ impl CircuitBreaker {
     fn try_acquire(&self) -> Result<future::Guard, CircuitOpen> {
         self.acquire().map_err(|rejected| {
             self.shared.rejected.fetch_add(1, Ordering::Relaxed);
-            self.circuit_open(rejected.remaining, rejected.state, rejected.open_for)
+            self.circuit_open(rejected)
         })
     }
 
@@ -371,25 +371,23 @@ impl CircuitBreaker {
     fn refusal(&self) -> CircuitOpen {
         self.shared.rejected.fetch_add(1, Ordering::Relaxed);
         match self.shared.breaker.check_with(now) {
-            Err(rejected) => {
-                self.circuit_open(rejected.remaining, rejected.state, rejected.open_for)
-            }
+            Err(rejected) => self.circuit_open(rejected),
             // The break ended in between: the caller may come again at once.
-            Ok(()) => self.circuit_open(Duration::ZERO, self.state(), Duration::ZERO),
+            Ok(()) => CircuitOpen {
+                state: self.state(),
+                break_duration: self.config().break_duration(),
+                ..CircuitOpen::new(Duration::ZERO)
+            },
         }
     }
 
     /// This breaker's refusal, with its configured break.
-    fn circuit_open(
-        &self,
-        remaining: Duration,
-        state: CircuitState,
-        open_for: Duration,
-    ) -> CircuitOpen {
+    fn circuit_open(&self, rejected: stormguard_core::breaker::Rejected) -> CircuitOpen {
         CircuitOpen {
-            remaining,
-            state,
-            open_for,
+            remaining: rejected.remaining,
+            state: rejected.state,
+            open_for: rejected.open_for,
+            failing_for: rejected.failing_for,
             break_duration: self.config().break_duration(),
         }
     }
@@ -658,6 +656,7 @@ mod tests {
             remaining: Duration::from_millis(1500),
             state,
             open_for: Duration::from_secs(3),
+            failing_for: Duration::from_secs(3),
             break_duration: Duration::from_millis(25),
         };
         assert_eq!(

@@ -105,8 +105,9 @@
 //! # An open circuit below
 //!
 //! A call a [`CircuitBreaker`](crate::CircuitBreaker) below refuses never left the client.
-//! While the circuit has been away from Closed for less than
-//! [`FAIL_FAST_AFTER`](crate::sans_io::breaker::FAIL_FAST_AFTER) (a blip), the request
+//! While the dependency has been failing for less than
+//! [`FAIL_FAST_AFTER`](crate::sans_io::breaker::FAIL_FAST_AFTER) (a blip; counted from
+//! the first of the failures in a row that opened the circuit), the request
 //! waits and asks again, spread so that the refused calls do not all return as it closes;
 //! past that, or while isolated, it ends at once with [`CircuitOpen`](crate::CircuitOpen).
 //!

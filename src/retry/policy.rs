@@ -292,6 +292,7 @@ where
                         crate::error_class::circuit_open_refusal(err).map(|open| Refusal {
                             remaining: open.remaining(),
                             open_for: open.open_for(),
+                            failing_for: open.failing_for(),
                             break_duration: open.break_duration(),
                             state: open.state(),
                         }),

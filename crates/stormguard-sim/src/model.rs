@@ -673,6 +673,7 @@ impl Fleet {
                                     (rejected.state != CircuitState::Isolated).then_some(Refusal {
                                         remaining: rejected.remaining,
                                         open_for: rejected.open_for,
+                                        failing_for: rejected.failing_for,
                                         break_duration: brk,
                                         state: rejected.state,
                                     });

@@ -38,7 +38,13 @@ pub struct Breaker {
     /// When the circuit last left Closed, in nanoseconds since the origin. Written
     /// before the Open word is published, under the lock; failed probes keep it.
     opened_at: AtomicU64,
+    /// When the trouble that opened the circuit began: the first of the failures in a
+    /// row that ended in its opening, or the opening itself. Written with `opened_at`.
+    troubled_at: AtomicU64,
+    /// Failures in a row while Closed (whether or not `consecutive_failures` is on).
     consecutive: AtomicU32,
+    /// When the current run of failures in a row began (while `consecutive` is not 0).
+    failing_since: AtomicU64,
     pub(super) window: Window,
     origin: OnceLock<Instant>,
     seed: u64,
@@ -71,7 +77,9 @@ impl Breaker {
             word: AtomicU64::new(Word::new(CircuitState::Closed, 0).0),
             open_until: AtomicU64::new(0),
             opened_at: AtomicU64::new(0),
+            troubled_at: AtomicU64::new(0),
             consecutive: AtomicU32::new(0),
+            failing_since: AtomicU64::new(0),
             origin: OnceLock::new(),
             seed,
             breaks: Mutex::new(Breaks { retrips: 0 }),
@@ -123,18 +131,14 @@ impl Breaker {
                         state: CircuitState::Isolated,
                         transition,
                         open_for: Duration::ZERO,
+                        failing_for: Duration::ZERO,
                     })
                 }
                 CircuitState::Open => {
                     let now = now();
                     let remaining = self.remaining(now);
                     if !remaining.is_zero() {
-                        return Err(Rejected {
-                            remaining,
-                            state: CircuitState::Open,
-                            transition,
-                            open_for: self.open_for(now),
-                        });
+                        return Err(self.rejected(remaining, CircuitState::Open, transition, now));
                     }
                     if let Some(t) = self.half_open(word, now) {
                         transition = Some(t);
@@ -143,12 +147,12 @@ impl Breaker {
                 }
                 CircuitState::HalfOpen => {
                     if word.in_flight() + word.successes() >= self.config.probes {
-                        return Err(Rejected {
-                            remaining: Duration::ZERO,
-                            state: CircuitState::HalfOpen,
+                        return Err(self.rejected(
+                            Duration::ZERO,
+                            CircuitState::HalfOpen,
                             transition,
-                            open_for: self.open_for(now()),
-                        });
+                            now(),
+                        ));
                     }
                     match self.word.compare_exchange_weak(
                         word.0,
@@ -180,31 +184,27 @@ impl Breaker {
     /// it: a Closed circuit answers without looking at the clock.
     pub fn check_with(&self, now: impl FnOnce() -> Instant) -> Result<(), Rejected> {
         let word = self.load();
-        let rejected = |remaining, state, open_for| {
-            Err(Rejected {
-                remaining,
-                state,
-                transition: None,
-                open_for,
-            })
-        };
         match word.state() {
             CircuitState::Closed => Ok(()),
-            CircuitState::Isolated => {
-                rejected(Duration::ZERO, CircuitState::Isolated, Duration::ZERO)
-            }
+            CircuitState::Isolated => Err(Rejected {
+                remaining: Duration::ZERO,
+                state: CircuitState::Isolated,
+                transition: None,
+                open_for: Duration::ZERO,
+                failing_for: Duration::ZERO,
+            }),
             CircuitState::Open => {
                 let now = now();
                 match self.remaining(now) {
                     remaining if remaining.is_zero() => Ok(()),
-                    remaining => rejected(remaining, CircuitState::Open, self.open_for(now)),
+                    remaining => Err(self.rejected(remaining, CircuitState::Open, None, now)),
                 }
             }
             CircuitState::HalfOpen => {
                 if word.in_flight() + word.successes() < self.config.probes {
                     Ok(())
                 } else {
-                    rejected(Duration::ZERO, CircuitState::HalfOpen, self.open_for(now()))
+                    Err(self.rejected(Duration::ZERO, CircuitState::HalfOpen, None, now()))
                 }
             }
         }
@@ -267,37 +267,27 @@ impl Breaker {
             Outcome::Ignored => None,
             Outcome::Success => {
                 self.window.record(self.nanos(now), false);
-                if self.config.consecutive_failures.is_some()
-                    && self.consecutive.load(Ordering::Relaxed) != 0
-                {
+                if self.consecutive.load(Ordering::Relaxed) != 0 {
                     self.consecutive.store(0, Ordering::Relaxed);
                 }
                 None
             }
             // In the run of failures in a row only: see `Outcome::Refused`.
-            Outcome::Refused => match self.config.consecutive_failures {
-                Some(limit)
-                    if self
-                        .consecutive
-                        .fetch_add(1, Ordering::Relaxed)
-                        .saturating_add(1)
-                        >= limit =>
-                {
-                    self.trip(generation, now)
+            Outcome::Refused => {
+                let in_a_row = self.fail_in_a_row(self.nanos(now));
+                match self.config.consecutive_failures {
+                    Some(limit) if in_a_row >= limit => self.trip(generation, now),
+                    _ => None,
                 }
-                _ => None,
-            },
+            }
             Outcome::Failure => {
-                let epoch = self.window.record(self.nanos(now), true);
-                let streak = match self.config.consecutive_failures {
-                    Some(limit) => {
-                        self.consecutive
-                            .fetch_add(1, Ordering::Relaxed)
-                            .saturating_add(1)
-                            >= limit
-                    }
-                    None => false,
-                };
+                let at = self.nanos(now);
+                let epoch = self.window.record(at, true);
+                let in_a_row = self.fail_in_a_row(at);
+                let streak = self
+                    .config
+                    .consecutive_failures
+                    .is_some_and(|limit| in_a_row >= limit);
                 if streak || self.ratio_reached(epoch) {
                     self.trip(generation, now)
                 } else {
@@ -305,6 +295,16 @@ impl Breaker {
                 }
             }
         }
+    }
+
+    /// Counts a failure at `at` in the run of failures in a row, noting when the run
+    /// began; returns the run's length so far.
+    fn fail_in_a_row(&self, at: u64) -> u32 {
+        let before = self.consecutive.fetch_add(1, Ordering::Relaxed);
+        if before == 0 {
+            self.failing_since.store(at, Ordering::Relaxed);
+        }
+        before.saturating_add(1)
     }
 
     fn ratio_reached(&self, epoch: u64) -> bool {
@@ -405,6 +405,11 @@ impl Breaker {
         let length = self.break_length(breaks.retrips, next_generation);
         let at = self.nanos(now);
         if word.state() == CircuitState::Closed {
+            let since = match self.consecutive.load(Ordering::Relaxed) {
+                0 => at,
+                _ => self.failing_since.load(Ordering::Relaxed).min(at),
+            };
+            self.troubled_at.store(since, Ordering::Release);
             self.opened_at.store(at, Ordering::Release);
         }
         self.open_until
@@ -467,10 +472,24 @@ impl Breaker {
         }
     }
 
-    /// How long the circuit has been away from Closed at `now` (Open or HalfOpen).
-    fn open_for(&self, now: Instant) -> Duration {
-        let at = self.opened_at.load(Ordering::Acquire);
-        Duration::from_nanos(self.nanos(now).saturating_sub(at))
+    /// Why a circuit away from Closed (Open or HalfOpen) refused a call at `now`.
+    fn rejected(
+        &self,
+        remaining: Duration,
+        state: CircuitState,
+        transition: Option<Transition>,
+        now: Instant,
+    ) -> Rejected {
+        let now = self.nanos(now);
+        let since =
+            |at: &AtomicU64| Duration::from_nanos(now.saturating_sub(at.load(Ordering::Acquire)));
+        Rejected {
+            remaining,
+            state,
+            transition,
+            open_for: since(&self.opened_at),
+            failing_for: since(&self.troubled_at),
+        }
     }
 
     fn remaining(&self, now: Instant) -> Duration {

@@ -247,26 +247,35 @@ pub struct Rejected {
     /// The retry ([`crate::retry`]) spreads the calls sent again over a span that grows
     /// with it.
     pub open_for: Duration,
+    /// How long the dependency has been failing, as the breaker saw it: `open_for`
+    /// plus the run of failures in a row that opened the circuit (from the first of
+    /// them), if a run opened it. Zero when isolated. Past [`FAIL_FAST_AFTER`], the
+    /// retry ([`crate::retry`]) no longer rides the refusal out.
+    pub failing_for: Duration,
 }
 
-/// How long a circuit may be away from Closed before the calls it refuses fail at once
-/// (the fail-fast horizon): the retry layer rides out a refusal younger than this with
-/// a backlog wait (about four times the circuit's age), and fails an older
-/// one with `CircuitOpen` after at most a short wait for a break's probe (its rest and
-/// up to two breaks).
+/// How long a dependency may have been failing ([`Rejected::failing_for`]: from the
+/// first of the failures in a row that opened its circuit) before the calls the
+/// circuit refuses fail at once (the fail-fast horizon): the retry layer rides out a
+/// refusal younger than this with a backlog wait (about four times the circuit's age),
+/// and fails an older one with `CircuitOpen` after at most a short wait for a break's
+/// probe (its rest and up to two breaks).
 ///
-/// Why 300 ms: it is counted from the circuit's opening, which comes a streak of
-/// failures after the dependency's own trouble began, so a blip of up to about as long
-/// again (a restart, a leader election, a full GC; the storm's blips last 300 ms and
-/// their circuits close within about 250 ms of opening) is still ridden out; past it,
-/// waiting is what holds a caller's requests, memory and connections for as long as the
-/// outage lasts, which is how an outage climbs a call chain. Every call made before the
-/// horizon is held until about then, so the caller's peak in an outage is about its rate
-/// times the time to open plus the horizon: about 1.3–1.7 times what the same stack holds
-/// with a breaker that never opens (`tests/outage_stack.rs`). linkerd fails fast after 3 s; Polly's and resilience4j's
+/// Why 350 ms: a blip of up to about 300 ms (a restart, a leader election, a full GC;
+/// the storm's blips) is over, and its circuit closed by the probe after it, within the
+/// horizon, so its refused calls are still ridden out; past it, waiting is what holds a
+/// caller's requests, memory and connections for as long as the outage lasts, which is
+/// how an outage climbs a call chain. It counts from the trouble's start, not the
+/// circuit's opening, because the opening comes later the fewer calls a client makes
+/// (fifty failures in a row take four times as long at a quarter of the calls): every
+/// call made before the horizon is held until about then, so a caller's peak in an
+/// outage is about its rate times the horizon, whatever its rate; a little more than
+/// the same stack holds with a breaker that never opens, whose calls are held by their
+/// backoffs until the retry budget runs out (`tests/outage_stack.rs`). linkerd fails
+/// fast after 3 s; Polly's and resilience4j's
 /// breakers at once. The caller can fall back at once: `CircuitOpen::remaining` says
 /// when the next probe is due.
-pub const FAIL_FAST_AFTER: Duration = Duration::from_millis(300);
+pub const FAIL_FAST_AFTER: Duration = Duration::from_millis(350);
 
 /// How much longer than the circuit has been open the calls it refused wait, after the
 /// break, before they are sent again: see [`backlog_wait`].
@@ -503,6 +512,57 @@ mod tests {
         assert_eq!(at(22 * SEC).open_for, Duration::ZERO);
         assert_eq!(
             b.check(t0 + 22 * SEC).expect_err("refused").open_for,
+            Duration::ZERO
+        );
+    }
+
+    #[test]
+    fn a_refusal_tells_how_long_the_dependency_has_been_failing() {
+        let ms = Duration::from_millis;
+        let b = breaker(config().consecutive_failures(5));
+        let t0 = Instant::now();
+        // A failure, a success, then five failures in a row 100 ms apart from 200 ms:
+        // open at 600 ms, failing since 200 ms (the success ended the first run).
+        call(&b, Outcome::Failure, t0 + ms(100));
+        call(&b, Outcome::Success, t0 + ms(150));
+        for i in 2..=6 {
+            call(&b, Outcome::Failure, t0 + ms(100 * i));
+        }
+        let refused = b.try_acquire(t0 + ms(700)).expect_err("refused");
+        assert_eq!((refused.open_for, refused.failing_for), (ms(100), ms(500)));
+        let checked = b.check(t0 + ms(700)).expect_err("refused");
+        assert_eq!(checked.failing_for, ms(500));
+        // A failed probe keeps both ages; a close and a new trip start them over.
+        let probe = b.try_acquire(t0 + ms(5600)).expect("probe");
+        b.record(probe, Outcome::Failure, t0 + ms(5600));
+        let refused = b.try_acquire(t0 + ms(5700)).expect_err("refused");
+        assert_eq!(
+            (refused.open_for, refused.failing_for),
+            (ms(5100), ms(5500))
+        );
+        let probe = b.try_acquire(t0 + ms(16_000)).expect("probe");
+        b.record(probe, Outcome::Success, t0 + ms(16_000));
+        for i in 0..5 {
+            call(&b, Outcome::Failure, t0 + ms(20_000 + 10 * i));
+        }
+        let refused = b.try_acquire(t0 + ms(20_100)).expect_err("refused");
+        assert_eq!((refused.open_for, refused.failing_for), (ms(60), ms(100)));
+        // Opened by the ratio, on a run of one failure: the run is the opening.
+        let b = breaker(config());
+        for i in 0..10 {
+            let outcome = if i % 2 == 0 {
+                Outcome::Success
+            } else {
+                Outcome::Failure
+            };
+            call(&b, outcome, t0 + ms(10 * i));
+        }
+        let refused = b.try_acquire(t0 + ms(190)).expect_err("refused");
+        assert_eq!((refused.open_for, refused.failing_for), (ms(100), ms(100)));
+        // Isolated: zero, as its age.
+        b.isolate();
+        assert_eq!(
+            b.check(t0 + ms(200)).expect_err("refused").failing_for,
             Duration::ZERO
         );
     }

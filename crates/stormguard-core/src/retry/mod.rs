@@ -105,6 +105,9 @@ pub struct Refusal {
     pub remaining: Duration,
     /// How long the circuit has been away from Closed.
     pub open_for: Duration,
+    /// How long the dependency has been failing, as the breaker saw it
+    /// ([`breaker::Rejected::failing_for`]).
+    pub failing_for: Duration,
     /// The break the circuit is in.
     pub break_duration: Duration,
     /// The circuit's state when it refused.
@@ -577,8 +580,9 @@ impl RequestRetry {
     /// budget and spending an attempt (`Ok`: its wait), so that a circuit that stays
     /// open fails new requests fast once the budget is spent. The wait spreads the
     /// circuit's backlog over a span that grows with its age
-    /// ([`breaker::backlog_wait`]). A circuit away from Closed for
-    /// [`breaker::FAIL_FAST_AFTER`] or more is down, not blipping: its refusals fail at
+    /// ([`breaker::backlog_wait`]). A dependency failing for
+    /// [`breaker::FAIL_FAST_AFTER`] or more ([`Refusal::failing_for`]) is down, not
+    /// blipping: its circuit's refusals fail at
     /// once (after the wait for a probe's verdict at a break's end), so that an outage does
     /// not pile the caller's requests up behind it.
     fn refused(
@@ -609,8 +613,8 @@ impl RequestRetry {
             }
         }
         // Past the horizon the circuit is down, not blipping: the caller hears it now.
-        let down =
-            refusal.open_for >= breaker::FAIL_FAST_AFTER || refusal.state == CircuitState::Isolated;
+        let down = refusal.failing_for >= breaker::FAIL_FAST_AFTER
+            || refusal.state == CircuitState::Isolated;
         let delay = self.next_backoff(env, req.backoff);
         let retries = req.max_attempts.saturating_sub(1);
         if down || refusal.remaining > delay || (sent && u32::from(self.refusals) >= retries) {
@@ -875,6 +879,7 @@ mod tests {
         let refusal = Refusal {
             remaining: Duration::from_millis(10),
             open_for: Duration::from_millis(40),
+            failing_for: Duration::from_millis(40),
             break_duration: Duration::from_millis(30),
             state: CircuitState::Open,
         };
@@ -933,6 +938,7 @@ mod tests {
         let refusal = |state, remaining| Refusal {
             remaining,
             open_for: Duration::from_secs(5),
+            failing_for: Duration::from_secs(5),
             break_duration: breaks,
             state,
         };
@@ -987,6 +993,7 @@ mod tests {
         let refusal = |open_for| Refusal {
             remaining: Duration::from_millis(10),
             open_for,
+            failing_for: open_for,
             break_duration: breaks,
             state: CircuitState::Open,
         };
@@ -1038,6 +1045,26 @@ mod tests {
                 ..
             }
         ));
+        // The horizon counts the failures before the opening: a circuit open for 100 ms
+        // after 300 ms of failures in a row is down, not blipping.
+        let late_to_open = Refusal {
+            failing_for: Duration::from_millis(400),
+            ..refusal(Duration::from_millis(100))
+        };
+        let mut retry = RequestRetry::new();
+        retry.decide(&mut env(now, &budget), &request(), failed);
+        let refused = retry.decide(
+            &mut env(now, &budget),
+            &request(),
+            Attempt::Refused(Some(late_to_open)),
+        );
+        assert!(matches!(
+            refused.decision,
+            Decision::Done {
+                give_up: Some(GiveUp::CircuitOpen),
+                ..
+            }
+        ));
         // A blip's refusal (200 ms old) is still ridden out: every seed waits for the
         // break to end, as a retry.
         for seed in 0..50 {
@@ -1065,6 +1092,7 @@ mod tests {
         let refusal = Refusal {
             remaining: Duration::ZERO,
             open_for: Duration::ZERO,
+            failing_for: Duration::ZERO,
             break_duration: Duration::from_secs(1),
             state: CircuitState::HalfOpen,
         };
