@@ -14,6 +14,8 @@
 //! while calls wait at it, a call past it waits longer, up to sixteen of the
 //! dependency's latency floors, so that a burst to a healthy dependency is not shed:
 //! see [`LoadLimit::wait_for_room`](crate::sans_io::limit::LoadLimit::wait_for_room).
+//! In the [standard stack](crate::stack), no call waits for room longer than the
+//! attempt timeout.
 //!
 //! It reads these signals:
 //!
@@ -178,15 +180,15 @@ impl LoadControl {
         }
     }
 
-    /// How a call gets in: a place now, a wait for one, or shed at once when the
-    /// control does not wait.
-    fn admit(&self) -> Admission {
+    /// How a call gets in: a place now, a wait for one (of `longest` at most), or shed
+    /// at once when the control does not wait.
+    fn admit(&self, longest: Duration) -> Admission {
         match self.limit.try_acquire(now()) {
             Ok(permit) => Admission::Place(self.place(permit)),
             Err(full) if self.limit.config().max_wait().is_zero() => {
                 Admission::Shed(self.shed(full))
             }
-            Err(_) => Admission::Wait(Waiter::new(self.clone())),
+            Err(_) => Admission::Wait(Waiter::new(self.clone(), longest)),
         }
     }
 
@@ -195,7 +197,7 @@ impl LoadControl {
     /// tower service's future drives the same [`Waiter`]).
     #[cfg(feature = "reqwest")]
     pub(crate) async fn enter(&self) -> Result<Place, Shed> {
-        match self.admit() {
+        match self.admit(Duration::MAX) {
             Admission::Place(place) => Ok(place),
             Admission::Shed(shed) => Err(shed),
             Admission::Wait(mut waiter) => std::future::poll_fn(|cx| waiter.poll_place(cx)).await,
@@ -313,12 +315,26 @@ impl<S> Layer<S> for LoadControlLayer {
 pub struct LoadControlService<S> {
     inner: S,
     control: LoadControl,
+    /// The longest a call waits for room in all, whatever the limit allows: the
+    /// standard stack's attempt timeout.
+    longest_wait: Duration,
 }
 
 impl<S> LoadControlService<S> {
     /// Wraps `inner` with `control`.
     pub fn new(inner: S, control: LoadControl) -> Self {
-        LoadControlService { inner, control }
+        LoadControlService {
+            inner,
+            control,
+            longest_wait: Duration::MAX,
+        }
+    }
+
+    /// A call waits for room no longer than `wait` in all, even while the limit is
+    /// still a guess (the standard stack's attempt timeout).
+    pub(crate) fn waiting_at_most(mut self, wait: Duration) -> Self {
+        self.longest_wait = wait;
+        self
     }
 
     /// The load control this service reports to.
@@ -351,7 +367,7 @@ where
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
-        let state = match self.control.admit() {
+        let state = match self.control.admit(self.longest_wait) {
             // The place exists before the inner call, so a `call` that panics gives it
             // back as it unwinds.
             Admission::Place(place) => State::Called {
@@ -427,29 +443,32 @@ struct Waiter {
     control: LoadControl,
     room: Pin<Box<OwnedNotified>>,
     deadline: Pin<Box<Sleep>>,
-    /// When the call was first refused: its first deadline less `max_wait`.
+    /// When the call was first refused: its first deadline less its first wait.
     since: tokio::time::Instant,
+    /// The longest it waits in all, whatever the limit allows.
+    longest: Duration,
 }
 
 impl Waiter {
-    fn new(control: LoadControl) -> Self {
+    fn new(control: LoadControl, longest: Duration) -> Self {
         control.shared.waited.fetch_add(1, Ordering::Relaxed);
         control.shared.waiting.fetch_add(1, Ordering::SeqCst);
         fence(Ordering::SeqCst);
-        let max_wait = control.limit.config().max_wait();
-        let deadline = Box::pin(tokio::time::sleep(max_wait));
-        let since = deadline.deadline().checked_sub(max_wait);
+        let first = control.limit.config().max_wait().min(longest);
+        let deadline = Box::pin(tokio::time::sleep(first));
+        let since = deadline.deadline().checked_sub(first);
         Waiter {
             room: registered(&control.shared.room),
             since: since.unwrap_or_else(|| deadline.deadline()),
             deadline,
             control,
+            longest,
         }
     }
 
     /// A place once one is given back, or the call shed once it has waited as long as
     /// the limit allows ([`LoadLimit::wait_for_room`](limit::LoadLimit::wait_for_room),
-    /// asked again at each `max_wait`).
+    /// asked again at each `max_wait`), and no longer than `longest`.
     fn poll_place(&mut self, cx: &mut Context<'_>) -> Poll<Result<Place, Shed>> {
         loop {
             let full = match self.control.limit.try_acquire(now()) {
@@ -463,12 +482,15 @@ impl Waiter {
             ready!(self.deadline.as_mut().poll(cx));
             let due = self.deadline.deadline();
             let waited = due.saturating_duration_since(self.since);
-            match self.control.limit.wait_for_room(waited) {
+            let more = self.control.limit.wait_for_room(waited);
+            match more.filter(|_| waited < self.longest) {
                 // Held back by a limit still learning, not by the dependency.
-                Some(more) => self
-                    .deadline
-                    .as_mut()
-                    .reset(due.checked_add(more).unwrap_or(due)),
+                Some(more) => {
+                    let more = more.min(self.longest - waited);
+                    self.deadline
+                        .as_mut()
+                        .reset(due.checked_add(more).unwrap_or(due));
+                }
                 None => return Poll::Ready(Err(self.control.shed(full))),
             }
         }

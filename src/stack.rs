@@ -80,7 +80,9 @@
 //!   dependency's latency floors, or 2 s before its first answer
 //!   ([`LoadLimit::wait_for_room`](crate::sans_io::limit::LoadLimit::wait_for_room)):
 //!   a new client's burst of a thousand calls to a dependency answering in 50 ms is
-//!   served within about six of its round trips.
+//!   served within about six of its round trips. Never longer than the attempt timeout:
+//!   a call that would wait longer than an answer may take is shed for the caller to
+//!   fall back.
 //! - **Circuit breaker**: a refused call waits out a short break (25 ms) for the
 //!   probe's verdict (once, or twice if it first meets the probe still deciding); while
 //!   the dependency has been failing for less than
@@ -368,7 +370,7 @@ impl StandardStack {
             Timeout::new(inner, self.attempt_timeout),
             self.breaker.clone(),
         );
-        LoadControlService::new(breaker, self.load.clone())
+        LoadControlService::new(breaker, self.load.clone()).waiting_at_most(self.attempt_timeout)
     }
 }
 

@@ -259,3 +259,65 @@ async fn a_limit_learnt_in_an_incident_lets_go_once_it_is_over() {
     assert_eq!(burst(healthy, 500).await, 500);
     assert_eq!(control.stats().shed, 0);
 }
+
+/// Through the standard stack, a call waits for room no longer than the attempt
+/// timeout, even while the limit is still a guess (which alone would hold it for
+/// sixteen latency floors): of a burst of 50 past a limit of one, to a dependency
+/// answering in 80 ms, every call is served or shed within the attempt timeout of
+/// waiting, and those shed are never sent.
+#[tokio::test(start_paused = true)]
+async fn through_the_stack_a_call_waits_for_room_no_longer_than_the_attempt_timeout() {
+    let calls = Arc::new(AtomicU32::new(0));
+    let control = LoadControl::builder()
+        .min(1)
+        .initial(1)
+        .max(1000)
+        .max_wait(20 * MS)
+        .build()
+        .expect("valid");
+    let once = RetryPolicy::builder()
+        .max_attempts(1)
+        .build()
+        .expect("policy");
+    let stack = stormguard::stack::StandardStack::builder("guess")
+        .attempt_timeout(100 * MS)
+        .load_control(control.clone())
+        .retry(once)
+        .build()
+        .expect("stack");
+    let client = stack.http(answering(calls.clone(), 80 * MS, http::StatusCode::OK));
+    let started = tokio::time::Instant::now();
+    let mut requests = tokio::task::JoinSet::new();
+    for _ in 0..50 {
+        let client = client.clone();
+        requests.spawn(async move {
+            let outcome = client.oneshot(Request::new(String::new())).await;
+            (outcome.map_err(|e| e.is::<Shed>()), started.elapsed())
+        });
+    }
+    let (mut served, mut shed) = (0, 0);
+    while let Some(done) = requests.join_next().await {
+        let (outcome, took) = done.expect("joined");
+        match outcome {
+            Ok(response) => {
+                assert_eq!(response.status(), 200);
+                assert!(took <= 180 * MS, "served after {took:?}");
+                served += 1;
+            }
+            Err(true) => {
+                assert!(took <= 100 * MS, "shed after {took:?}");
+                shed += 1;
+            }
+            Err(false) => panic!("neither served nor shed"),
+        }
+    }
+    assert!(control.limit().learning(), "{:?}", control.stats());
+    assert_eq!(served + shed, 50);
+    assert!(served >= 2 && shed >= 40, "{served} served, {shed} shed");
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        served,
+        "a shed call is never sent"
+    );
+    assert_eq!(control.stats().shed, u64::from(shed));
+}
