@@ -1025,46 +1025,37 @@ mod tests {
                 give_up: Some(GiveUp::CircuitOpen)
             }
         );
-        // A retry refused past the horizon fails at once too.
-        let mut retry = RequestRetry::new();
-        let failed = Attempt::Answered {
-            throttled: false,
-            class: Class::Retryable { after: None },
-            any_method: false,
-        };
-        retry.decide(&mut env(now, &budget), &request(), failed);
-        let refused = retry.decide(
-            &mut env(now, &budget),
-            &request(),
-            Attempt::Refused(Some(down)),
-        );
-        assert!(matches!(
-            refused.decision,
-            Decision::Done {
-                give_up: Some(GiveUp::CircuitOpen),
-                ..
-            }
-        ));
-        // The horizon counts the failures before the opening: a circuit open for 100 ms
-        // after 300 ms of failures in a row is down, not blipping.
+        // A retry refused past the horizon fails at once too; the horizon counts the
+        // failures before the opening: a circuit open for 100 ms after 300 ms of
+        // failures in a row is down, not blipping.
         let late_to_open = Refusal {
             failing_for: Duration::from_millis(400),
             ..refusal(Duration::from_millis(100))
         };
-        let mut retry = RequestRetry::new();
-        retry.decide(&mut env(now, &budget), &request(), failed);
-        let refused = retry.decide(
-            &mut env(now, &budget),
-            &request(),
-            Attempt::Refused(Some(late_to_open)),
-        );
-        assert!(matches!(
-            refused.decision,
-            Decision::Done {
-                give_up: Some(GiveUp::CircuitOpen),
-                ..
-            }
-        ));
+        for refused_by in [down, late_to_open] {
+            let mut retry = RequestRetry::new();
+            let failed = Attempt::Answered {
+                throttled: false,
+                class: Class::Retryable { after: None },
+                any_method: false,
+            };
+            retry.decide(&mut env(now, &budget), &request(), failed);
+            let refused = retry.decide(
+                &mut env(now, &budget),
+                &request(),
+                Attempt::Refused(Some(refused_by)),
+            );
+            assert!(
+                matches!(
+                    refused.decision,
+                    Decision::Done {
+                        give_up: Some(GiveUp::CircuitOpen),
+                        ..
+                    }
+                ),
+                "{refused_by:?}: {refused:?}"
+            );
+        }
         // A blip's refusal (200 ms old) is still ridden out: every seed waits for the
         // break to end, as a retry.
         for seed in 0..50 {
