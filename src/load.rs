@@ -482,15 +482,12 @@ impl Waiter {
             ready!(self.deadline.as_mut().poll(cx));
             let due = self.deadline.deadline();
             let waited = due.saturating_duration_since(self.since);
-            let more = self.control.limit.wait_for_room(waited);
-            match more.filter(|_| waited < self.longest) {
+            match self.control.limit.wait_for_room(waited, self.longest) {
                 // Held back by a limit still learning, not by the dependency.
-                Some(more) => {
-                    let more = more.min(self.longest - waited);
-                    self.deadline
-                        .as_mut()
-                        .reset(due.checked_add(more).unwrap_or(due));
-                }
+                Some(more) => self
+                    .deadline
+                    .as_mut()
+                    .reset(due.checked_add(more).unwrap_or(due)),
                 None => return Poll::Ready(Err(self.control.shed(full))),
             }
         }

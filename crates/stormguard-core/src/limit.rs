@@ -549,7 +549,10 @@ impl LoadLimit {
     /// [learning](Self::learning), up to sixteen latency floors (four sampling windows,
     /// in which the limit doubles four times while calls wait), or two seconds while no
     /// call has been served yet, if that is longer. What holds such a call back is the
-    /// guess, not the dependency. A `max_wait` of zero is never waited.
+    /// guess, not the dependency. Never longer than `longest`, the caller's own bound
+    /// (the standard stack's attempt timeout; `Duration::MAX` for none): a call that
+    /// would wait longer than an answer may take is better shed for the caller to fall
+    /// back. A `max_wait` of zero is never waited.
     ///
     /// ```
     /// use std::time::Duration;
@@ -557,17 +560,21 @@ impl LoadLimit {
     ///
     /// const MS: Duration = Duration::from_millis(1);
     /// let limit = LoadLimit::builder().max_wait(100 * MS).build()?;
+    /// let none = Duration::MAX;
     /// // Nothing served yet: a new client's burst waits for its first answers, 2 s.
-    /// assert_eq!(limit.wait_for_room(100 * MS), Some(100 * MS));
-    /// assert_eq!(limit.wait_for_room(1950 * MS), Some(50 * MS));
-    /// assert_eq!(limit.wait_for_room(2000 * MS), None);
+    /// assert_eq!(limit.wait_for_room(100 * MS, none), Some(100 * MS));
+    /// assert_eq!(limit.wait_for_room(1950 * MS, none), Some(50 * MS));
+    /// assert_eq!(limit.wait_for_room(2000 * MS, none), None);
+    /// // Behind a 250 ms attempt timeout, 250 ms at most.
+    /// assert_eq!(limit.wait_for_room(200 * MS, 250 * MS), Some(50 * MS));
+    /// assert_eq!(limit.wait_for_room(250 * MS, 250 * MS), None);
     /// // A limit that cannot grow holds calls `max_wait` at most.
     /// let fixed = LoadLimit::builder().min(1).initial(1).max(1).build()?;
-    /// assert_eq!(fixed.wait_for_room(50 * MS), Some(50 * MS));
-    /// assert_eq!(fixed.wait_for_room(100 * MS), None);
+    /// assert_eq!(fixed.wait_for_room(50 * MS, none), Some(50 * MS));
+    /// assert_eq!(fixed.wait_for_room(100 * MS, none), None);
     /// # Ok::<(), stormguard_core::ConfigError>(())
     /// ```
-    pub fn wait_for_room(&self, waited: Duration) -> Option<Duration> {
+    pub fn wait_for_room(&self, waited: Duration, longest: Duration) -> Option<Duration> {
         let max_wait = self.state.config.max_wait;
         let allowed = if max_wait.is_zero() || !self.learning() {
             max_wait
@@ -577,7 +584,8 @@ impl LoadLimit {
                 nanos => Duration::from_nanos(nanos).saturating_mul(LEARNING_FLOORS),
             }
             .max(max_wait)
-        };
+        }
+        .min(longest);
         (waited < allowed).then(|| (allowed - waited).min(max_wait))
     }
 

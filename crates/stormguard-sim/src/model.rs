@@ -29,8 +29,8 @@
 //! A strategy with a load control (`standard`) gives each client state a
 //! `stormguard_core::limit::LoadLimit`, consulted before the breaker as in the standard
 //! stack. An attempt past the limit waits for room as long as the limit's
-//! `wait_for_room` allows (its `max_wait`, longer while it is learning), as the layer's
-//! does; a place given back goes to the newest waiter (LIFO); a wait that runs out sheds
+//! `wait_for_room` allows (its `max_wait`, longer while it is learning, never longer
+//! than the attempt timeout), as the standard stack's does; a place given back goes to the newest waiter (LIFO); a wait that runs out sheds
 //! the attempt, which is never sent and ends its request (the retry machine's
 //! `Attempt::Shed`). A
 //! served answer is the limit's sample, a timeout its overload signal, a 5xx neither.
@@ -522,7 +522,7 @@ impl Fleet {
             self.requests[req as usize].waiting = 0;
             return Ok(Some(place));
         }
-        let wait = limit.config().max_wait();
+        let wait = limit.config().max_wait().min(self.cfg.timeout);
         if self.requests[req as usize].waiting != 0 {
             // Woken, and beaten to the place: back to waiting, its deadline unchanged.
             self.waiters[i].push(req);
@@ -575,7 +575,7 @@ impl Fleet {
         let more = self.clients[i]
             .load
             .as_ref()
-            .and_then(|limit| limit.wait_for_room(waited));
+            .and_then(|limit| limit.wait_for_room(waited, self.cfg.timeout));
         if let Some(more) = more {
             // Held back by a limit still learning, not by the dependency: it waits on.
             self.push(
