@@ -202,6 +202,77 @@ pub fn fleet_table(rows: &[FleetRow]) -> String {
     s
 }
 
+/// The summary of `fleet --seeds`: `runs[seed][strategy]`, the same strategies in each
+/// run. Per strategy, the success of the window's requests over the seeds (mean,
+/// standard deviation, lowest, highest), the mean amplification in the window, the
+/// lowest success after it, the mean goodput, the slowest recovery, the requests shed
+/// in all runs, and in how many runs its success in the window was the highest (ties
+/// count for each).
+pub fn fleet_seeds_table(runs: &[Vec<FleetRow>]) -> String {
+    let mut s = format!(
+        "{:<20}{:>11}{:>7}{:>8}{:>8}{:>11}{:>10}{:>10}{:>10}{:>8}{:>9}\n",
+        "strategy",
+        "ok window",
+        "sd",
+        "lowest",
+        "highest",
+        "amp window",
+        "ok after",
+        "goodput",
+        "recovery",
+        "shed",
+        "highest"
+    );
+    let Some(first) = runs.first() else {
+        return s;
+    };
+    let n = runs.len() as f64;
+    let best: Vec<f64> = runs
+        .iter()
+        .map(|rows| rows.iter().map(|r| r.success_window).fold(0.0, f64::max))
+        .collect();
+    for (i, row) in first.iter().enumerate() {
+        let rows: Vec<&FleetRow> = runs.iter().filter_map(|rows| rows.get(i)).collect();
+        let ok: Vec<f64> = rows.iter().map(|r| r.success_window * 100.0).collect();
+        let mean = ok.iter().sum::<f64>() / n;
+        let sd = (ok.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0).max(1.0)).sqrt();
+        let lowest = ok.iter().copied().fold(f64::INFINITY, f64::min);
+        let highest = ok.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let amp = rows.iter().map(|r| r.amp_window).sum::<f64>() / n;
+        let after = rows
+            .iter()
+            .map(|r| r.success_after * 100.0)
+            .fold(f64::INFINITY, f64::min);
+        let goodput = rows.iter().map(|r| r.goodput_window * 100.0).sum::<f64>() / n;
+        // The slowest recovery, or never if any run did not recover.
+        let recovery = rows
+            .iter()
+            .try_fold(0.0_f64, |worst, r| r.recovery.map(|x| worst.max(x)));
+        let shed: u64 = rows.iter().map(|r| r.report.shed).sum();
+        let wins = rows
+            .iter()
+            .zip(&best)
+            .filter(|(r, best)| r.success_window >= **best)
+            .count();
+        let _ = writeln!(
+            s,
+            "{:<20}{:>10.1}%{:>7.1}{:>7.1}%{:>7.1}%{:>11.2}{:>9.1}%{:>9.1}%{:>10}{:>8}{:>9}",
+            row.report.strategy,
+            mean,
+            sd,
+            lowest,
+            highest,
+            amp,
+            after,
+            goodput,
+            seconds_or(recovery, "never"),
+            shed,
+            wins,
+        );
+    }
+    s
+}
+
 /// The fleet rows as a JSON array.
 pub fn fleet_json(rows: &[FleetRow]) -> String {
     let items: Vec<String> = rows

@@ -31,6 +31,7 @@ commands:
 flags:
   --clients N         clients (jitter: 100; metastable: 100; fleet: 1000)
   --seed S            seed of every random draw (12345)
+  --seeds N           fleet: N runs, seeds S..S+N-1, summarised per strategy (1)
   --seconds T         virtual seconds of arrivals (fleet: 60; metastable: 120; retry-curves: 30)
   --json              JSON on stdout instead of tables
   --svg FILE          also draw a chart
@@ -92,6 +93,7 @@ struct Opts {
     help: bool,
     clients: Option<usize>,
     seed: u64,
+    seeds: u64,
     seconds: Option<f64>,
     json: bool,
     svg: Option<PathBuf>,
@@ -118,6 +120,7 @@ impl Opts {
     fn parse(args: &[String]) -> Result<Opts, String> {
         let mut o = Opts {
             seed: 12345,
+            seeds: 1,
             runs: 100,
             attempts: 3,
             fail_ratio: 0.6,
@@ -148,6 +151,7 @@ impl Opts {
                         .parse()
                         .map_err(|_| format!("--seed: {v:?} is not an unsigned integer"))?;
                 }
+                "--seeds" => o.seeds = num(arg, &value(arg)?, 1.0, 1e4)? as u64,
                 "--seconds" => o.seconds = Some(num(arg, &value(arg)?, 0.001, 1e6)?),
                 "--svg" => o.svg = Some(PathBuf::from(value(arg)?)),
                 "--runs" => o.runs = num(arg, &value(arg)?, 1.0, 1e6)? as u32,
@@ -535,6 +539,9 @@ fn cmd_fleet(o: &Opts) -> Result<(), String> {
     } else if o.dependency.is_some() {
         return Err("--dependency needs --config".into());
     }
+    if o.seeds > 1 {
+        return fleet_seeds(o, &cfg, &strategies, wall);
+    }
     let mut rows = Vec::new();
     for s in strategies {
         let r = model::run(&cfg, &s)?;
@@ -579,6 +586,60 @@ fn cmd_fleet(o: &Opts) -> Result<(), String> {
                 true,
             ),
         )?;
+    }
+    report_speed(events, wall.elapsed());
+    Ok(())
+}
+
+/// `fleet --seeds N`: every strategy on the seeds `seed..seed + N`, summarised per
+/// strategy (or, `--json`, one array of rows per seed).
+fn fleet_seeds(
+    o: &Opts,
+    cfg: &FleetConfig,
+    strategies: &[Strategy],
+    wall: Instant,
+) -> Result<(), String> {
+    if o.svg.is_some() {
+        return Err("--svg draws one run: it does not go with --seeds".into());
+    }
+    let last = o
+        .seed
+        .checked_add(o.seeds - 1)
+        .ok_or("--seed plus --seeds overflows")?;
+    let mut runs: Vec<Vec<FleetRow>> = Vec::new();
+    for seed in o.seed..=last {
+        let mut cfg = cfg.clone();
+        cfg.seed = seed;
+        let mut rows = Vec::new();
+        for s in strategies {
+            rows.push(FleetRow::new(&cfg, model::run(&cfg, s)?));
+        }
+        runs.push(rows);
+    }
+    let events: u64 = runs.iter().flatten().map(|r| r.report.events).sum();
+    if o.json {
+        let all: Vec<String> = runs
+            .iter()
+            .map(|rows| experiments::fleet_json(rows))
+            .collect();
+        println!("[{}]", all.join(","));
+    } else {
+        println!(
+            "fleet: {} clients ({} budgets/breakers), {} req/s for {} s, capacity {:.0} req/s (queue {}), timeout {:?}; {:?} from {} s for {} s; seeds {}..={}\n",
+            cfg.clients,
+            if cfg.shared { "one shared" } else { "per-client" },
+            cfg.rate,
+            cfg.seconds,
+            cfg.capacity(),
+            cfg.queue_limit,
+            cfg.timeout,
+            cfg.timeline.scenario,
+            cfg.timeline.start,
+            cfg.timeline.duration,
+            o.seed,
+            last,
+        );
+        print!("{}", experiments::fleet_seeds_table(&runs));
     }
     report_speed(events, wall.elapsed());
     Ok(())

@@ -118,3 +118,66 @@ fn fleet_config_errors_name_the_file_and_the_path() {
         "{stderr}"
     );
 }
+
+#[test]
+fn fleet_seeds_runs_each_seed_as_its_own_run_and_summarises_them() {
+    let base = [
+        "fleet",
+        "--clients",
+        "50",
+        "--seconds",
+        "6",
+        "--scenario",
+        "brownout",
+        "--strategy",
+        "none,standard",
+        "--seed",
+        "7",
+    ];
+    let json = |extra: &[&str]| {
+        let out = sim(&[&base[..], extra, &["--json"]].concat());
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    // Seed by seed, the same rows a run of that one seed gives (timing fields aside).
+    let without_speed = |s: &str| {
+        s.split(',')
+            .filter(|f| !f.contains("events_per_sec"))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let all = json(&["--seeds", "3"]);
+    let runs: Vec<String> = ["7", "8", "9"]
+        .iter()
+        .map(|seed| {
+            let one = sim(&[&base[..], &["--seed", seed, "--json"]].concat());
+            without_speed(String::from_utf8_lossy(&one.stdout).trim())
+        })
+        .collect();
+    assert!(all.starts_with("[[") && all.ends_with("]]"), "{all}");
+    let per_seed = all[1..all.len() - 1]
+        .split("],[")
+        .map(|run| without_speed(&format!("[{}]", run.trim_matches(['[', ']']))))
+        .collect::<Vec<_>>();
+    assert_eq!(per_seed, runs);
+    assert_ne!(runs[0], runs[1], "different seeds, different runs");
+
+    // The summary: one row per strategy, the seeds named.
+    let out = sim(&[&base[..], &["--seeds", "3"]].concat());
+    assert!(out.status.success());
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.contains("seeds 7..=9"), "{table}");
+    assert_eq!(
+        table
+            .lines()
+            .filter(|l| l.starts_with("none ") || l.starts_with("standard "))
+            .count(),
+        2,
+        "{table}"
+    );
+
+    // One chart is one run.
+    let out = sim(&[&base[..], &["--seeds", "3", "--svg", "/dev/null"]].concat());
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("does not go with --seeds"));
+}
