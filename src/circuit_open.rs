@@ -15,8 +15,9 @@ use stormguard_core::breaker::CircuitState;
 /// attempt, up to as many refusals as the request has retries, a refused first call as
 /// a retry the budget admits; either is sent again about four times the circuit's age
 /// later ([`open_for`](Self::open_for)). Before that, a first call refused within a break of
-/// the break's end waits for the probe's verdict, free: once, and once more if it
-/// then meets that probe still deciding ([`break_duration`](Self::break_duration)). Otherwise, and for an isolated circuit, it gives up
+/// the break's end waits for the probe's verdict, free: once, and again each time it
+/// then meets a probe still deciding, up to a [`break_duration`](Self::break_duration)
+/// each time and all within its first backoff's ceiling. Otherwise, and for an isolated circuit, it gives up
 /// (`GiveUp::CircuitOpen`); see the [`retry` module](crate::retry#an-open-circuit-below).
 ///
 /// ```

@@ -84,7 +84,8 @@
 //!   a call that would wait longer than an answer may take is shed for the caller to
 //!   fall back.
 //! - **Circuit breaker**: a refused call waits out a short break (25 ms) for the
-//!   probe's verdict (once, or twice if it first meets the probe still deciding); while
+//!   probe's verdict (once, and again while it meets a probe still deciding, all within
+//!   the first backoff's ceiling, 200 ms); while
 //!   the dependency has been failing for less than
 //!   [`FAIL_FAST_AFTER`](crate::sans_io::breaker::FAIL_FAST_AFTER) (350 ms from the
 //!   first of the failures in a row that opened the circuit: a blip) it is sent again

@@ -338,14 +338,14 @@ pub(crate) fn backlog_wait(
 }
 
 /// How long a **first** call refused at the end of a break waits before it asks the
-/// circuit again (the retry decision asks once, and once more for a call that then
-/// meets the probe still deciding), or `None` if it should not wait: the rest of the break plus a
+/// circuit again (the retry decision asks once, and again while the call meets a
+/// probe still deciding), or `None` if it should not wait: the rest of the break plus a
 /// uniform share (`draw()`, in `[0, 1]`, drawn only if the call waits) of one
 /// `break_duration`, so that it asks again
 /// once the probe the break's end lets through has had time to decide, and a break's
 /// refused calls come back spread over a break, at the rate they were refused. Only a
-/// wait that cannot outlast `ceiling` (the caller's first backoff at its longest) is
-/// taken: behind a breaker with long breaks, first calls fail fast as they always did.
+/// wait that cannot outlast `ceiling` (what the call's earlier waits for a probe left
+/// of its first backoff at its longest) is taken: behind a breaker with long breaks, first calls fail fast as they always did.
 /// The wait costs the dependency nothing (the call never left the client).
 ///
 /// Why: the last break of an outage or a brownout ends after the dependency has come
@@ -355,10 +355,11 @@ pub(crate) fn backlog_wait(
 /// (25 ms breaks plus a probe's round trip at 520 calls a second), and 4–10% after a
 /// brownout, whose probes take up to an attempt's timeout to decide. Waiting out one
 /// break, most are served; a call that comes back while the probe is still in flight
-/// has not had its verdict, and waits once more rather than fail a recovery's first
-/// call on the last probe of the outage. A call still refused after
-/// it is handled as before (retried on the budget, spread by [`backlog_wait`]), so in
-/// a long outage this only delays a fast failure by about a break, rarely two.
+/// has not had its verdict, and waits again rather than fail a recovery's first
+/// call on the last probe of the outage (its waits together within `ceiling`). A call
+/// refused after a probe's failure is handled as before (retried on the budget,
+/// spread by [`backlog_wait`], or failed past the horizon), so in a long outage this
+/// only delays a fast failure by about a break and a probe's round trip.
 pub(crate) fn probe_wait(
     remaining: Duration,
     break_duration: Duration,

@@ -5,7 +5,7 @@
 //! (never sent, refused unprocessed, maybe processed, refused by a circuit breaker). It
 //! answers with a [`Decision`]: hand the outcome back (and why, if the request gave
 //! up), or send the request again, at once or after a wait. It keeps the request's
-//! attempts, its free calls (the one transparent retry, the one wait for a probe), the
+//! attempts, its free calls (the one transparent retry, the waits for a probe's verdict), the
 //! refusals of its retries it waited out and the retries the budget admitted, and it
 //! settles them with the [`RetryBudget`] when the request ends. It never reads a clock:
 //! each call is given `now` ([`Env`]).
@@ -254,9 +254,11 @@ pub struct RequestRetry {
     attempts: u32,
     /// The one transparent retry was made.
     transparent: bool,
-    /// The first call's waits for a probe's verdict: one at a break's end, and one more
-    /// if it then meets the probe still deciding (see `refused`).
+    /// The first call's waits for a probe's verdict: one at a break's end, and more
+    /// while it then meets a probe still deciding (see `refused`).
     probe_waits: u8,
+    /// How long those waits took together: no longer than the first backoff's ceiling.
+    probe_waited: Duration,
     /// Refusals of this request's retries waited out: at most as many as its retries.
     refusals: u8,
     /// Retries admitted by the budget and not yet settled (attempts are capped at 100).
@@ -575,8 +577,9 @@ impl RequestRetry {
     /// waits out up to as many refusals as the request has retries, without spending an
     /// attempt or asking the budget again: its retry was admitted, and the refusal only
     /// moved it. A first call refused within a break of the break's end waits for the
-    /// probe's verdict, free: once, and once more if it asks again while the probe is
-    /// still deciding (half-open: it has not had the verdict yet); otherwise it waits as a retry, admitted by the
+    /// probe's verdict, free: once, and again each time it asks while a probe is still
+    /// deciding (half-open: it has not had the verdict yet), all its waits together no
+    /// longer than its first backoff at its longest; otherwise it waits as a retry, admitted by the
     /// budget and spending an attempt (`Ok`: its wait), so that a circuit that stays
     /// open fails new requests fast once the budget is spent. The wait spreads the
     /// circuit's backlog over a span that grows with its age
@@ -594,21 +597,25 @@ impl RequestRetry {
         let sent = self.attempts > 0;
         let breaks = matches!(refusal.state, CircuitState::Open | CircuitState::HalfOpen);
         // A first call waits for the verdict of the probe at a break's end; asking again
-        // while that probe is still deciding (half-open), it has not had the verdict yet,
-        // and waits once more.
-        let waits_for_probe = match self.probe_waits {
-            0 => breaks,
-            1 => refusal.state == CircuitState::HalfOpen,
-            _ => false,
+        // while a probe is still deciding (half-open), it has not had a verdict yet, and
+        // waits again: a probe may take up to an attempt's timeout, and one sent just
+        // before the dependency came back may be followed by the one that finds it back.
+        // A probe that failed (the circuit open again) is a verdict: no more waits.
+        let waits_for_probe = if self.probe_waits == 0 {
+            breaks
+        } else {
+            refusal.state == CircuitState::HalfOpen
         };
         if !sent && waits_for_probe {
-            let ceiling = req.backoff.ceiling(0);
+            // All the waits together within the first backoff at its longest.
+            let ceiling = req.backoff.ceiling(0).saturating_sub(self.probe_waited);
             let wait =
                 breaker::probe_wait(refusal.remaining, refusal.break_duration, ceiling, || {
                     self.streams(env, req.backoff).rng.random()
                 });
             if let Some(wait) = wait {
-                self.probe_waits += 1;
+                self.probe_waits = self.probe_waits.saturating_add(1);
+                self.probe_waited = self.probe_waited.saturating_add(wait);
                 return Err(self.wait_refused(env, req, wait, true));
             }
         }
@@ -954,7 +961,9 @@ mod tests {
                 )
                 .decision
         };
-        assert!(matches!(ask(open), Decision::Refused { probe: true, .. }));
+        let Decision::Refused { delay: first, .. } = ask(open) else {
+            panic!("a first call at a break's end fails before the probe's verdict");
+        };
         // Back while the break's probe is in flight: it has not had the verdict yet.
         let Decision::Refused {
             delay,
@@ -965,12 +974,42 @@ mod tests {
             panic!("a call meeting the probe deciding fails before its verdict");
         };
         assert!(delay <= breaks, "{delay:?}");
-        // Two waits at most: a circuit still refusing fails the call.
+        // A probe still deciding (a slow one, or the next one) is waited for again, all
+        // the waits together within the first backoff at its longest; then the call
+        // fails.
         let give_up = Decision::Done {
             attempts: 1,
             give_up: Some(GiveUp::CircuitOpen),
         };
-        assert_eq!(ask(deciding), give_up);
+        let (mut waited, mut waits) = (first + delay, 2);
+        loop {
+            match ask(deciding) {
+                Decision::Refused {
+                    delay,
+                    attempts: 0,
+                    probe: true,
+                } => {
+                    assert!(delay <= breaks, "{delay:?}");
+                    waited += delay;
+                    waits += 1;
+                    assert!(waits < 1000, "the waits end");
+                }
+                decision => {
+                    assert_eq!(decision, give_up);
+                    break;
+                }
+            }
+        }
+        assert!(
+            waits > 2,
+            "a probe still deciding after two waits is waited for"
+        );
+        let ceiling = request().backoff.ceiling(0);
+        assert!(waited <= ceiling, "{waited:?}");
+        assert!(
+            waited + breaks > ceiling,
+            "it waits as long as it may: {waited:?}"
+        );
         // A call whose probe has failed (the circuit open again) fails at once.
         let mut retry = RequestRetry::new();
         let mut ask = |refusal| {
