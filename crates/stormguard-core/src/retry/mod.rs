@@ -257,8 +257,10 @@ pub struct RequestRetry {
     /// The first call's waits for a probe's verdict: one at a break's end, and more
     /// while it then meets a probe still deciding (see `refused`).
     probe_waits: u8,
-    /// How long those waits took together: no longer than the first backoff's ceiling.
-    probe_waited: Duration,
+    /// How long those waits took together, in microseconds, rounded up: no longer than
+    /// the first backoff's ceiling, and none after about 71 minutes, where the count
+    /// saturates. Four bytes, where the fields above leave room.
+    probe_waited_us: u32,
     /// Refusals of this request's retries waited out: at most as many as its retries.
     refusals: u8,
     /// Retries admitted by the budget and not yet settled (attempts are capped at 100).
@@ -598,24 +600,31 @@ impl RequestRetry {
         let breaks = matches!(refusal.state, CircuitState::Open | CircuitState::HalfOpen);
         // A first call waits for the verdict of the probe at a break's end; asking again
         // while a probe is still deciding (half-open), it has not had a verdict yet, and
-        // waits again: a probe may take up to an attempt's timeout, and one sent just
-        // before the dependency came back may be followed by the one that finds it back.
-        // A probe that failed (the circuit open again) is a verdict: no more waits.
+        // waits again (a probe may take up to an attempt's timeout to decide). A probe
+        // that failed (the circuit open again) is a verdict: no more waits.
         let waits_for_probe = if self.probe_waits == 0 {
             breaks
         } else {
             refusal.state == CircuitState::HalfOpen
         };
         if !sent && waits_for_probe {
-            // All the waits together within the first backoff at its longest.
-            let ceiling = req.backoff.ceiling(0).saturating_sub(self.probe_waited);
+            // All the waits together within the first backoff at its longest (and no
+            // more once the count saturates).
+            let waited = Duration::from_micros(u64::from(self.probe_waited_us));
+            let ceiling = if self.probe_waited_us == u32::MAX {
+                Duration::ZERO
+            } else {
+                req.backoff.ceiling(0).saturating_sub(waited)
+            };
             let wait =
                 breaker::probe_wait(refusal.remaining, refusal.break_duration, ceiling, || {
                     self.streams(env, req.backoff).rng.random()
                 });
             if let Some(wait) = wait {
                 self.probe_waits = self.probe_waits.saturating_add(1);
-                self.probe_waited = self.probe_waited.saturating_add(wait);
+                // Rounded up, so that the waits never add up past the ceiling.
+                let total = waited.saturating_add(wait).as_nanos().div_ceil(1000);
+                self.probe_waited_us = u32::try_from(total).unwrap_or(u32::MAX);
                 return Err(self.wait_refused(env, req, wait, true));
             }
         }
@@ -1023,6 +1032,41 @@ mod tests {
         };
         assert!(matches!(ask(open), Decision::Refused { probe: true, .. }));
         assert_eq!(ask(open), give_up);
+    }
+
+    #[test]
+    fn a_first_call_s_waits_for_probes_end_whatever_its_backoff() {
+        let (now, budget) = (Instant::now(), roomy());
+        // A first backoff of three hours, 40-minute breaks: past what the waits' count
+        // holds (about 71 minutes), the call stops waiting rather than wait for good.
+        let hours = Duration::from_secs(3 * 3600);
+        let backoff = Backoff::new(hours, hours, Jitter::Full).expect("backoff");
+        let request = Request::new(3, backoff);
+        let deciding = Refusal {
+            remaining: Duration::ZERO,
+            open_for: Duration::from_secs(5),
+            failing_for: Duration::from_secs(5),
+            break_duration: Duration::from_secs(40 * 60),
+            state: CircuitState::HalfOpen,
+        };
+        let mut retry = RequestRetry::new();
+        let mut waited = Duration::ZERO;
+        for _ in 0..10_000 {
+            let decided = retry.decide(
+                &mut env(now, &budget),
+                &request,
+                Attempt::Refused(Some(deciding)),
+            );
+            match decided.decision {
+                Decision::Refused { delay, .. } => waited += delay,
+                Decision::Done { .. } | Decision::Retry { .. } => {
+                    assert!(waited <= hours, "{waited:?}");
+                    return;
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        panic!("a first call kept waiting for probes: {waited:?}");
     }
 
     #[test]
