@@ -193,11 +193,12 @@ impl LoadControl {
     }
 
     /// A place for one call, after a wait for room (up to `max_wait`, longer while the
-    /// limit is still a guess), or the call shed: the reqwest middleware's way in (the
-    /// tower service's future drives the same [`Waiter`]).
+    /// limit is still a guess, never longer than `longest`), or the call shed: the
+    /// reqwest middleware's way in (the tower service's future drives the same
+    /// [`Waiter`]).
     #[cfg(feature = "reqwest")]
-    pub(crate) async fn enter(&self) -> Result<Place, Shed> {
-        match self.admit(Duration::MAX) {
+    pub(crate) async fn enter(&self, longest: Duration) -> Result<Place, Shed> {
+        match self.admit(longest) {
             Admission::Place(place) => Ok(place),
             Admission::Shed(shed) => Err(shed),
             Admission::Wait(mut waiter) => std::future::poll_fn(|cx| waiter.poll_place(cx)).await,

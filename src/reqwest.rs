@@ -43,7 +43,9 @@
 //!   the budget, and transparent retries of requests reqwest reports as never sent;
 //! - the load control, when given, keeps the attempts in flight within its adaptive
 //!   limit: an attempt past it waits for room up to its `max_wait` (longer while the
-//!   limit is still a guess: `LoadLimit::wait_for_room`), then fails unsent and is
+//!   limit is still a guess: `LoadLimit::wait_for_room`; never longer than the
+//!   request's own timeout, `RequestBuilder::timeout`, where it has one: a
+//!   `ClientBuilder::timeout` is not seen by middleware), then fails unsent and is
 //!   not retried (the caller's error is a `reqwest_middleware::Error::Middleware`
 //!   holding a [`Shed`]);
 //! - the breaker, when given, counts every attempt and refuses while open (the
@@ -100,6 +102,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::time::Duration;
 
 use http::Extensions;
 use reqwest_middleware::{Error, Next, Result};
@@ -249,9 +252,11 @@ impl StormguardMiddleware {
         let Some(load) = &self.load else {
             return self.breaker_attempt(req, extensions, next).await;
         };
-        // Dropped unfinished (the caller gave up), the place is given back unsampled.
+        // Dropped unfinished (the caller gave up), the place is given back unsampled. A
+        // wait for room outlasting the request's own timeout would only hold the caller.
+        let longest = req.timeout().copied().unwrap_or(Duration::MAX);
         let place = load
-            .enter()
+            .enter(longest)
             .await
             .map_err(|shed| Box::new(shed) as BoxError)?;
         let result = self.breaker_attempt(req, extensions, next).await;

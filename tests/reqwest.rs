@@ -348,6 +348,46 @@ async fn a_call_past_the_load_limit_waits_for_room() {
     assert_eq!((stats.shed, stats.in_flight), (0, 0));
 }
 
+// Paused time: the one call in flight is held by the server, so the runtime idles and
+// the clock moves to the waiting call's deadline.
+#[tokio::test(start_paused = true)]
+async fn a_call_waits_for_room_no_longer_than_its_own_timeout() {
+    let gate = Arc::new(Semaphore::new(0));
+    let (url, mut arrivals) = gated(gate.clone()).await;
+    let load = one_place(Duration::from_secs(30));
+    let client = client(
+        StormguardMiddleware::new(policy()).with_load_control(load.clone()),
+        None,
+    );
+    let first = tokio::spawn(client.get(&url).send());
+    arrivals.recv().await.expect("the first call arrives");
+    let started = tokio::time::Instant::now();
+    let err = client
+        .get(&url)
+        .timeout(Duration::from_millis(200))
+        .send()
+        .await
+        .expect_err("shed");
+    match &err {
+        reqwest_middleware::Error::Middleware(err) => {
+            assert!(err.downcast_ref::<Shed>().is_some(), "{err:?}")
+        }
+        other => panic!("not the load control's refusal: {other:?}"),
+    }
+    // Shed at its timeout, not at the control's `max_wait` of 30 s, and never sent.
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(200) && waited < Duration::from_secs(1),
+        "{waited:?}"
+    );
+    assert!(arrivals.try_recv().is_err(), "the shed call was sent");
+    gate.add_permits(1);
+    let response = first.await.expect("task").expect("a response");
+    assert_eq!(response.status(), 200);
+    let stats = load.stats();
+    assert_eq!((stats.shed, stats.in_flight), (1, 0));
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_limiter_that_keeps_throttling_gets_its_429s_back_through_the_gate() {
     // Every call answered 429 with `Retry-After: 1`: the retries go through the gate of
