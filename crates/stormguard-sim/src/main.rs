@@ -551,19 +551,7 @@ fn cmd_fleet(o: &Opts) -> Result<(), String> {
     if o.json {
         println!("{}", experiments::fleet_json(&rows));
     } else {
-        println!(
-            "fleet: {} clients ({} budgets/breakers), {} req/s for {} s, capacity {:.0} req/s (queue {}), timeout {:?}; {:?} from {} s for {} s\n",
-            cfg.clients,
-            if cfg.shared { "one shared" } else { "per-client" },
-            cfg.rate,
-            cfg.seconds,
-            cfg.capacity(),
-            cfg.queue_limit,
-            cfg.timeout,
-            cfg.timeline.scenario,
-            cfg.timeline.start,
-            cfg.timeline.duration
-        );
+        println!("{}\n", fleet_header(&cfg));
         print!("{}", experiments::fleet_table(&rows));
         let peak = rows
             .iter()
@@ -624,23 +612,26 @@ fn fleet_seeds(
             .collect();
         println!("[{}]", all.join(","));
     } else {
-        println!(
-            "fleet: {} clients ({} budgets/breakers), {} req/s for {} s, capacity {:.0} req/s (queue {}), timeout {:?}; {:?} from {} s for {} s; seeds {}..={}\n",
-            cfg.clients,
-            if cfg.shared { "one shared" } else { "per-client" },
-            cfg.rate,
-            cfg.seconds,
-            cfg.capacity(),
-            cfg.queue_limit,
-            cfg.timeout,
-            cfg.timeline.scenario,
-            cfg.timeline.start,
-            cfg.timeline.duration,
-            o.seed,
-            last,
-        );
+        println!("{}; seeds {}..={last}\n", fleet_header(cfg), o.seed);
         print!("{}", experiments::fleet_seeds_table(&runs));
     }
     report_speed(events, wall.elapsed());
     Ok(())
+}
+
+/// The first line of a fleet table: the fleet, the server and the incident.
+fn fleet_header(cfg: &FleetConfig) -> String {
+    format!(
+        "fleet: {} clients ({} budgets/breakers), {} req/s for {} s, capacity {:.0} req/s (queue {}), timeout {:?}; {:?} from {} s for {} s",
+        cfg.clients,
+        if cfg.shared { "one shared" } else { "per-client" },
+        cfg.rate,
+        cfg.seconds,
+        cfg.capacity(),
+        cfg.queue_limit,
+        cfg.timeout,
+        cfg.timeline.scenario,
+        cfg.timeline.start,
+        cfg.timeline.duration
+    )
 }
