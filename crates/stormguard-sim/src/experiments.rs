@@ -206,8 +206,8 @@ pub fn fleet_table(rows: &[FleetRow]) -> String {
 /// run. Per strategy, the success of the window's requests over the seeds (mean,
 /// standard deviation, lowest, highest), the mean amplification in the window, the
 /// lowest success after it, the mean goodput, the slowest recovery, the requests shed
-/// in all runs, and in how many runs its success in the window was the highest (ties
-/// count for each).
+/// in all runs, and in how many runs its success in the window was the highest of all
+/// strategies (`best in`; ties count for each).
 pub fn fleet_seeds_table(runs: &[Vec<FleetRow>]) -> String {
     let mut s = format!(
         "{:<20}{:>11}{:>7}{:>8}{:>8}{:>11}{:>10}{:>10}{:>10}{:>8}{:>9}\n",
@@ -217,11 +217,11 @@ pub fn fleet_seeds_table(runs: &[Vec<FleetRow>]) -> String {
         "lowest",
         "highest",
         "amp window",
-        "ok after",
+        "min after",
         "goodput",
         "recovery",
         "shed",
-        "highest"
+        "best in"
     );
     let Some(first) = runs.first() else {
         return s;
