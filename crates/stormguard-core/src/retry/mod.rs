@@ -5,10 +5,10 @@
 //! (never sent, refused unprocessed, maybe processed, refused by a circuit breaker). It
 //! answers with a [`Decision`]: hand the outcome back (and why, if the request gave
 //! up), or send the request again, at once or after a wait. It keeps the request's
-//! attempts, its free calls (the one transparent retry, the waits for a probe's verdict), the
-//! refusals of its retries it waited out and the retries the budget admitted, and it
-//! settles them with the [`RetryBudget`] when the request ends. It never reads a clock:
-//! each call is given `now` ([`Env`]).
+//! attempts, its free calls (the one transparent retry, the waits for a probe's
+//! verdict), the refusals of its retries it waited out and the retries the budget
+//! admitted, and it settles them with the [`RetryBudget`] when the request ends. It
+//! never reads a clock: each call is given `now` ([`Env`]).
 //!
 //! stormguard's retry layer, its reqwest middleware and the fleet simulator drive this one
 //! machine; the drivers classify outcomes and send requests, and decide nothing.
@@ -581,8 +581,8 @@ impl RequestRetry {
     /// moved it. A first call refused within a break of the break's end waits for the
     /// probe's verdict, free: once, and again each time it asks while a probe is still
     /// deciding (half-open: it has not had the verdict yet), all its waits together no
-    /// longer than its first backoff at its longest; otherwise it waits as a retry, admitted by the
-    /// budget and spending an attempt (`Ok`: its wait), so that a circuit that stays
+    /// longer than its first backoff at its longest; otherwise it waits as a retry,
+    /// admitted by the budget and spending an attempt (`Ok`: its wait), so that a circuit that stays
     /// open fails new requests fast once the budget is spent. The wait spreads the
     /// circuit's backlog over a span that grows with its age
     /// ([`breaker::backlog_wait`]). A dependency failing for
