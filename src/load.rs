@@ -183,12 +183,13 @@ impl LoadControl {
     /// How a call gets in: a place now, a wait for one (of `longest` at most), or shed
     /// at once when the control does not wait.
     fn admit(&self, longest: Duration) -> Admission {
-        match self.limit.try_acquire(now()) {
-            Ok(permit) => Admission::Place(self.place(permit)),
-            Err(full) if self.limit.config().max_wait().is_zero() => {
-                Admission::Shed(self.shed(full))
-            }
-            Err(_) => Admission::Wait(Waiter::new(self.clone(), longest)),
+        let full = match self.limit.try_acquire(now()) {
+            Ok(permit) => return Admission::Place(self.place(permit)),
+            Err(full) => full,
+        };
+        match self.limit.wait_for_room(Duration::ZERO, longest) {
+            Some(first) => Admission::Wait(Waiter::new(self.clone(), first, longest)),
+            None => Admission::Shed(self.shed(full)),
         }
     }
 
@@ -451,11 +452,12 @@ struct Waiter {
 }
 
 impl Waiter {
-    fn new(control: LoadControl, longest: Duration) -> Self {
+    /// A call that waits `first` (what the limit allows a call that has not waited yet),
+    /// then asks the limit again, `longest` at most in all.
+    fn new(control: LoadControl, first: Duration, longest: Duration) -> Self {
         control.shared.waited.fetch_add(1, Ordering::Relaxed);
         control.shared.waiting.fetch_add(1, Ordering::SeqCst);
         fence(Ordering::SeqCst);
-        let first = control.limit.config().max_wait().min(longest);
         let deadline = Box::pin(tokio::time::sleep(first));
         let since = deadline.deadline().checked_sub(first);
         Waiter {

@@ -522,7 +522,9 @@ impl Fleet {
             self.requests[req as usize].waiting = 0;
             return Ok(Some(place));
         }
-        let wait = limit.config().max_wait().min(self.cfg.timeout);
+        let wait = limit
+            .wait_for_room(Duration::ZERO, self.cfg.timeout)
+            .unwrap_or_default();
         if self.requests[req as usize].waiting != 0 {
             // Woken, and beaten to the place: back to waiting, its deadline unchanged.
             self.waiters[i].push(req);
