@@ -254,12 +254,11 @@ pub struct RequestRetry {
     attempts: u32,
     /// The one transparent retry was made.
     transparent: bool,
-    /// The first call's waits for a probe's verdict: one at a break's end, and more
-    /// while it then meets a probe still deciding (see `refused`).
-    probe_waits: u8,
-    /// How long those waits took together, in microseconds, rounded up: no longer than
-    /// the first backoff's ceiling, and none after about 71 minutes, where the count
-    /// saturates. Four bytes, where the fields above leave room.
+    /// How long the first call waited for a probe's verdict, in microseconds, rounded
+    /// up (a wait of none counts 1: zero is no wait yet): one wait at a break's end, and
+    /// more while it then meets a probe still deciding (see `refused`), together no
+    /// longer than the first backoff's ceiling, and none after about 71 minutes, where
+    /// the count saturates. Four bytes, where the fields above leave room.
     probe_waited_us: u32,
     /// Refusals of this request's retries waited out: at most as many as its retries.
     refusals: u8,
@@ -298,7 +297,7 @@ impl RequestRetry {
 
     /// Whether the request has made no call yet.
     pub fn is_unsent(&self) -> bool {
-        self.attempts == 0 && !self.transparent && self.probe_waits == 0 && self.refusals == 0
+        self.attempts == 0 && !self.transparent && self.probe_waited_us == 0 && self.refusals == 0
     }
 
     /// Counts a call that succeeded, and settles the request with the budget: its last
@@ -602,7 +601,7 @@ impl RequestRetry {
         // while a probe is still deciding (half-open), it has not had a verdict yet, and
         // waits again (a probe may take up to an attempt's timeout to decide). A probe
         // that failed (the circuit open again) is a verdict: no more waits.
-        let waits_for_probe = if self.probe_waits == 0 {
+        let waits_for_probe = if self.probe_waited_us == 0 {
             breaks
         } else {
             refusal.state == CircuitState::HalfOpen
@@ -621,9 +620,8 @@ impl RequestRetry {
                     self.streams(env, req.backoff).rng.random()
                 });
             if let Some(wait) = wait {
-                self.probe_waits = self.probe_waits.saturating_add(1);
                 // Rounded up, so that the waits never add up past the ceiling.
-                let total = waited.saturating_add(wait).as_nanos().div_ceil(1000);
+                let total = waited.saturating_add(wait).as_nanos().div_ceil(1000).max(1);
                 self.probe_waited_us = u32::try_from(total).unwrap_or(u32::MAX);
                 return Err(self.wait_refused(env, req, wait, true));
             }
