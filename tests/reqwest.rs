@@ -235,13 +235,22 @@ async fn the_breaker_opens_and_fails_fast() {
         .send()
         .await
         .expect_err("refused");
-    match &err {
-        reqwest_middleware::Error::Middleware(err) => {
-            assert!(err.downcast_ref::<CircuitOpen>().is_some(), "{err:?}")
-        }
-        other => panic!("not the breaker's refusal: {other:?}"),
-    }
+    assert_holds::<CircuitOpen>(&err, "not the breaker's refusal");
     assert_eq!(calls.load(Ordering::SeqCst), 3);
+}
+
+/// Asserts that `err` is the middleware's own error holding an `E` (`what`: the
+/// message if it is not).
+fn assert_holds<E: std::fmt::Display + std::fmt::Debug + Send + Sync + 'static>(
+    err: &reqwest_middleware::Error,
+    what: &str,
+) {
+    match err {
+        reqwest_middleware::Error::Middleware(err) => {
+            assert!(err.downcast_ref::<E>().is_some(), "{what}: {err:?}")
+        }
+        other => panic!("{what}: {other:?}"),
+    }
 }
 
 /// A server on 127.0.0.1:0 that holds every request until the test adds a permit to
@@ -303,12 +312,7 @@ async fn a_call_past_the_load_limit_is_shed_unsent_and_not_retried() {
     arrivals.recv().await.expect("the first call arrives");
     // The one place is taken: a GET, which the policy would retry, fails at once.
     let err = client.get(&url).send().await.expect_err("shed");
-    match &err {
-        reqwest_middleware::Error::Middleware(err) => {
-            assert!(err.downcast_ref::<Shed>().is_some(), "{err:?}")
-        }
-        other => panic!("not the load control's refusal: {other:?}"),
-    }
+    assert_holds::<Shed>(&err, "not the load control's refusal");
     assert!(arrivals.try_recv().is_err(), "the shed call was sent");
     gate.add_permits(2);
     let response = first.await.expect("task").expect("a response");
@@ -368,12 +372,7 @@ async fn a_call_waits_for_room_no_longer_than_its_own_timeout() {
         .send()
         .await
         .expect_err("shed");
-    match &err {
-        reqwest_middleware::Error::Middleware(err) => {
-            assert!(err.downcast_ref::<Shed>().is_some(), "{err:?}")
-        }
-        other => panic!("not the load control's refusal: {other:?}"),
-    }
+    assert_holds::<Shed>(&err, "not the load control's refusal");
     // Shed at its timeout, not at the control's `max_wait` of 30 s, and never sent.
     let waited = started.elapsed();
     assert!(

@@ -840,6 +840,13 @@ mod tests {
         Request::new(3, backoff())
     }
 
+    /// A retryable answer without a hint (a bare 503).
+    const A_503: Attempt = Attempt::Answered {
+        throttled: false,
+        class: Class::Retryable { after: None },
+        any_method: false,
+    };
+
     fn env(now: Instant, budget: &RetryBudget) -> Env<'_> {
         Env::new(now, budget)
     }
@@ -1115,12 +1122,7 @@ mod tests {
         };
         for refused_by in [down, late_to_open] {
             let mut retry = RequestRetry::new();
-            let failed = Attempt::Answered {
-                throttled: false,
-                class: Class::Retryable { after: None },
-                any_method: false,
-            };
-            retry.decide(&mut env(now, &budget), &request(), failed);
+            retry.decide(&mut env(now, &budget), &request(), A_503);
             let refused = retry.decide(
                 &mut env(now, &budget),
                 &request(),
@@ -1169,14 +1171,9 @@ mod tests {
             state: CircuitState::HalfOpen,
         };
         let mut retry = RequestRetry::new();
-        let failed = Attempt::Answered {
-            throttled: false,
-            class: Class::Retryable { after: None },
-            any_method: false,
-        };
         assert!(matches!(
             retry
-                .decide(&mut env(now, &budget), &request(), failed)
+                .decide(&mut env(now, &budget), &request(), A_503)
                 .decision,
             Decision::Retry { .. }
         ));
