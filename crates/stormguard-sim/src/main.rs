@@ -542,11 +542,7 @@ fn cmd_fleet(o: &Opts) -> Result<(), String> {
     if o.seeds > 1 {
         return fleet_seeds(o, &cfg, &strategies, wall);
     }
-    let mut rows = Vec::new();
-    for s in strategies {
-        let r = model::run(&cfg, &s)?;
-        rows.push(FleetRow::new(&cfg, r));
-    }
+    let rows = fleet_rows(&cfg, &strategies)?;
     let events: u64 = rows.iter().map(|r| r.report.events).sum();
     if o.json {
         println!("{}", experiments::fleet_json(&rows));
@@ -579,6 +575,14 @@ fn cmd_fleet(o: &Opts) -> Result<(), String> {
     Ok(())
 }
 
+/// One fleet run per strategy, its rows in the strategies' order.
+fn fleet_rows(cfg: &FleetConfig, strategies: &[Strategy]) -> Result<Vec<FleetRow>, String> {
+    strategies
+        .iter()
+        .map(|s| Ok(FleetRow::new(cfg, model::run(cfg, s)?)))
+        .collect()
+}
+
 /// `fleet --seeds N`: every strategy on the seeds `seed..seed + N`, summarised per
 /// strategy (or, `--json`, one array of rows per seed).
 fn fleet_seeds(
@@ -598,11 +602,7 @@ fn fleet_seeds(
     for seed in o.seed..=last {
         let mut cfg = cfg.clone();
         cfg.seed = seed;
-        let mut rows = Vec::new();
-        for s in strategies {
-            rows.push(FleetRow::new(&cfg, model::run(&cfg, s)?));
-        }
-        runs.push(rows);
+        runs.push(fleet_rows(&cfg, strategies)?);
     }
     let events: u64 = runs.iter().flatten().map(|r| r.report.events).sum();
     if o.json {
