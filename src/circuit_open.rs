@@ -17,8 +17,8 @@ use stormguard_core::breaker::CircuitState;
 /// later ([`open_for`](Self::open_for)). Before that, a first call refused within a break of
 /// the break's end waits for the probe's verdict, free: once, and again each time it
 /// then meets a probe still deciding, up to a [`break_duration`](Self::break_duration)
-/// each time and all within its first backoff's ceiling. Otherwise, and for an isolated circuit, it gives up
-/// (`GiveUp::CircuitOpen`); see the [`retry` module](crate::retry#an-open-circuit-below).
+/// each time and all within its first backoff's ceiling. Otherwise, and for an
+/// isolated circuit, it gives up (`GiveUp::CircuitOpen`); see the [`retry` module](crate::retry#an-open-circuit-below).
 ///
 /// ```
 /// use std::time::Duration;

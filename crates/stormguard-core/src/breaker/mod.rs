@@ -345,7 +345,8 @@ pub(crate) fn backlog_wait(
 /// once the probe the break's end lets through has had time to decide, and a break's
 /// refused calls come back spread over a break, at the rate they were refused. Only a
 /// wait that cannot outlast `ceiling` (what the call's earlier waits for a probe left
-/// of its first backoff at its longest) is taken: behind a breaker with long breaks, first calls fail fast as they always did.
+/// of its first backoff at its longest) is taken: behind a breaker with long breaks,
+/// first calls fail fast.
 /// The wait costs the dependency nothing (the call never left the client).
 ///
 /// Why: the last break of an outage or a brownout ends after the dependency has come
